@@ -1,0 +1,215 @@
+// Philox4x32-10 (Salmon et al., SC'11), a counter-based RNG: every draw is a pure function of
+// (seed, stream, index), so any rank can produce any slice of a random tensor without
+// communicating, and the host and CUDA produce the same bits.
+#pragma once
+
+#include <quintet/core/config.hpp>
+#include <quintet/core/float_bits.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <string_view>
+
+namespace quintet {
+
+struct philox_block {
+  std::uint32_t word[4];
+};
+
+// One Philox4x32 evaluation with 10 rounds: a bijection of the 128-bit counter keyed by 64 bits.
+QUINTET_HOST_DEVICE inline philox_block philox4x32_10(philox_block counter, std::uint32_t key0,
+                                                      std::uint32_t key1) {
+  constexpr std::uint32_t multiplier0 = 0xD2511F53u, multiplier1 = 0xCD9E8D57u;
+  constexpr std::uint32_t weyl0 = 0x9E3779B9u, weyl1 = 0xBB67AE85u;  // key schedule increments
+  std::uint32_t* c = counter.word;
+  for (int round = 0; round < 10; ++round) {
+    if (round > 0) {
+      key0 += weyl0;
+      key1 += weyl1;
+    }
+    const std::uint64_t product0 = std::uint64_t{multiplier0} * c[0];
+    const std::uint64_t product1 = std::uint64_t{multiplier1} * c[2];
+    const std::uint32_t next[4] = {
+        static_cast<std::uint32_t>(product1 >> 32) ^ c[1] ^ key0,
+        static_cast<std::uint32_t>(product1),
+        static_cast<std::uint32_t>(product0 >> 32) ^ c[3] ^ key1,
+        static_cast<std::uint32_t>(product0),
+    };
+    for (int i = 0; i < 4; ++i) c[i] = next[i];
+  }
+  return counter;
+}
+
+// The key of a random stream: `seed` picks the experiment, `stream` the purpose (one stream per
+// parameter, one per dropout site, ...). Elements are addressed by a 64-bit index.
+struct rng_key {
+  std::uint64_t seed = 0;
+  std::uint64_t stream = 0;
+};
+
+// A stable stream number for a name (64-bit FNV-1a), so that parameter `blocks.3.attn.qkv.weight`
+// draws the same numbers on every rank, in every run, whatever order layers are built in.
+constexpr std::uint64_t rng_stream_for(std::string_view name) {
+  std::uint64_t hash = 0xcbf29ce484222325ull;
+  for (const char ch : name) {
+    hash ^= static_cast<unsigned char>(ch);
+    hash *= 0x100000001b3ull;
+  }
+  return hash;
+}
+
+// The 128 random bits of block `block` of stream `key`: counter = (block, stream), key = seed.
+QUINTET_HOST_DEVICE inline philox_block random_block(rng_key key, std::uint64_t block) {
+  const philox_block counter{{static_cast<std::uint32_t>(block),
+                              static_cast<std::uint32_t>(block >> 32),
+                              static_cast<std::uint32_t>(key.stream),
+                              static_cast<std::uint32_t>(key.stream >> 32)}};
+  return philox4x32_10(counter, static_cast<std::uint32_t>(key.seed),
+                       static_cast<std::uint32_t>(key.seed >> 32));
+}
+
+namespace detail {
+
+QUINTET_HOST_DEVICE inline double fused_multiply_add(double a, double b, double c) {
+#if QUINTET_DEVICE_PASS
+  return ::fma(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
+
+QUINTET_HOST_DEVICE inline float fused_multiply_add(float a, float b, float c) {
+#if QUINTET_DEVICE_PASS
+  return ::fmaf(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
+
+QUINTET_HOST_DEVICE inline double square_root(double x) {
+#if QUINTET_DEVICE_PASS
+  return ::sqrt(x);
+#else
+  return std::sqrt(x);
+#endif
+}
+
+// The transcendental functions below use only IEEE operations that are correctly rounded on every
+// target (+, -, *, /, sqrt, explicit fma) and never an expression a compiler may contract, so host
+// and device compute the same bits. Math libraries differ in the last ulp; these do not.
+
+// Natural log of u in (0, 1], u normal: u = m 2^e with m in [sqrt(1/2), sqrt(2)), then
+// log m = 2 atanh(s) = 2 (s + s^3/3 + s^5/5 + ...) with s = (m-1)/(m+1), |s| <= 0.172.
+QUINTET_HOST_DEVICE inline double log_unit_interval(double u) {
+  const std::uint64_t bits = bits_of(u);
+  int exponent = static_cast<int>((bits >> 52) & 0x7ff) - 1022;
+  double m = double_from_bits((bits & 0x000fffffffffffffull) | (std::uint64_t{1022} << 52));
+  if (m < 0.70710678118654752440) {
+    m *= 2.0;
+    exponent -= 1;
+  }
+  const double s = (m - 1.0) / (m + 1.0);
+  const double s2 = s * s;
+  double series = 1.0 / 23;
+  series = fused_multiply_add(series, s2, 1.0 / 21);
+  series = fused_multiply_add(series, s2, 1.0 / 19);
+  series = fused_multiply_add(series, s2, 1.0 / 17);
+  series = fused_multiply_add(series, s2, 1.0 / 15);
+  series = fused_multiply_add(series, s2, 1.0 / 13);
+  series = fused_multiply_add(series, s2, 1.0 / 11);
+  series = fused_multiply_add(series, s2, 1.0 / 9);
+  series = fused_multiply_add(series, s2, 1.0 / 7);
+  series = fused_multiply_add(series, s2, 1.0 / 5);
+  series = fused_multiply_add(series, s2, 1.0 / 3);
+  series = fused_multiply_add(series, s2, 1.0);
+  constexpr double ln2 = 0.69314718055994530942;
+  return fused_multiply_add(static_cast<double>(exponent), ln2, (2.0 * s) * series);
+}
+
+// sin(x) and cos(x) for |x| <= pi/4 by Taylor series to x^19 and x^18 (error < 1e-17).
+QUINTET_HOST_DEVICE inline double sin_small(double x) {
+  const double y = x * x;
+  double p = -1.0 / 121645100408832000.0;  // -1/19!
+  p = fused_multiply_add(p, y, 1.0 / 355687428096000.0);
+  p = fused_multiply_add(p, y, -1.0 / 1307674368000.0);
+  p = fused_multiply_add(p, y, 1.0 / 6227020800.0);
+  p = fused_multiply_add(p, y, -1.0 / 39916800.0);
+  p = fused_multiply_add(p, y, 1.0 / 362880.0);
+  p = fused_multiply_add(p, y, -1.0 / 5040.0);
+  p = fused_multiply_add(p, y, 1.0 / 120.0);
+  p = fused_multiply_add(p, y, -1.0 / 6.0);
+  p = fused_multiply_add(p, y, 1.0);
+  return x * p;
+}
+
+QUINTET_HOST_DEVICE inline double cos_small(double x) {
+  const double y = x * x;
+  double p = 1.0 / 6402373705728000.0;  // 1/18!
+  p = fused_multiply_add(p, y, -1.0 / 20922789888000.0);
+  p = fused_multiply_add(p, y, 1.0 / 87178291200.0);
+  p = fused_multiply_add(p, y, -1.0 / 479001600.0);
+  p = fused_multiply_add(p, y, 1.0 / 3628800.0);
+  p = fused_multiply_add(p, y, -1.0 / 40320.0);
+  p = fused_multiply_add(p, y, 1.0 / 720.0);
+  p = fused_multiply_add(p, y, -1.0 / 24.0);
+  p = fused_multiply_add(p, y, -0.5);
+  return fused_multiply_add(p, y, 1.0);
+}
+
+// cos(2 pi u) for u in [0, 1): the quadrant and the octant come from exact operations on u.
+QUINTET_HOST_DEVICE inline double cos_two_pi(double u) {
+  const double quarters = 4.0 * u;  // exact
+  const int quadrant = static_cast<int>(quarters);
+  double r = quarters - quadrant;  // exact, in [0, 1): the angle is (quadrant + r) pi/2
+  constexpr double half_pi = 1.57079632679489661923;
+  // Within a quadrant, cos and sin of r pi/2; past the octant use the complementary angle.
+  const bool complement = r > 0.5;
+  if (complement) r = 1.0 - r;  // exact (Sterbenz)
+  const double x = r * half_pi;
+  const double c = complement ? sin_small(x) : cos_small(x);
+  const double s = complement ? cos_small(x) : sin_small(x);
+  switch (quadrant) {
+    case 0: return c;
+    case 1: return -s;
+    case 2: return -c;
+    default: return s;
+  }
+}
+
+// Uniform doubles from 53 random bits: [0, 1) and (0, 1].
+QUINTET_HOST_DEVICE inline double unit_closed_open(std::uint32_t high, std::uint32_t low) {
+  const std::uint64_t bits53 = ((std::uint64_t{high} << 32) | low) >> 11;
+  return static_cast<double>(bits53) * 0x1.0p-53;
+}
+
+QUINTET_HOST_DEVICE inline double unit_open_closed(std::uint32_t high, std::uint32_t low) {
+  const std::uint64_t bits53 = ((std::uint64_t{high} << 32) | low) >> 11;
+  return static_cast<double>(bits53 + 1) * 0x1.0p-53;
+}
+
+}  // namespace detail
+
+// Uniform float in [0, 1) for element `index` of stream `key`: 24 random bits, exact in float.
+// Four consecutive indices share one Philox block.
+QUINTET_HOST_DEVICE inline float uniform_float(rng_key key, std::uint64_t index) {
+  const philox_block bits = random_block(key, index / 4);
+  return static_cast<float>(bits.word[index % 4] >> 8) * 0x1.0p-24f;
+}
+
+// Uniform double in [0, 1) for element `index`: 53 random bits; two indices share one block.
+QUINTET_HOST_DEVICE inline double uniform_double(rng_key key, std::uint64_t index) {
+  const philox_block bits = random_block(key, index / 2);
+  const int lane = static_cast<int>(index % 2) * 2;
+  return detail::unit_closed_open(bits.word[lane], bits.word[lane + 1]);
+}
+
+// Standard normal draw for element `index` (Box-Muller on one Philox block, computed in double).
+QUINTET_HOST_DEVICE inline double normal_double(rng_key key, std::uint64_t index) {
+  const philox_block bits = random_block(key, index);
+  const double radius_uniform = detail::unit_open_closed(bits.word[0], bits.word[1]);
+  const double angle_uniform = detail::unit_closed_open(bits.word[2], bits.word[3]);
+  const double radius = detail::square_root(-2.0 * detail::log_unit_interval(radius_uniform));
+  return radius * detail::cos_two_pi(angle_uniform);
+}
+
+}  // namespace quintet
