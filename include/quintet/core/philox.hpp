@@ -156,8 +156,12 @@ QUINTET_HOST_DEVICE inline double cos_small(double x) {
   return fused_multiply_add(p, y, 1.0);
 }
 
-// cos(2 pi u) for u in [0, 1): the quadrant and the octant come from exact operations on u.
-QUINTET_HOST_DEVICE inline double cos_two_pi(double u) {
+// cos(2 pi u) and sin(2 pi u) for u in [0, 1): quadrant and octant come from exact operations on u.
+struct cos_sin {
+  double cos, sin;
+};
+
+QUINTET_HOST_DEVICE inline cos_sin cos_sin_two_pi(double u) {
   const double quarters = 4.0 * u;  // exact
   const int quadrant = static_cast<int>(quarters);
   double r = quarters - quadrant;  // exact, in [0, 1): the angle is (quadrant + r) pi/2
@@ -169,10 +173,10 @@ QUINTET_HOST_DEVICE inline double cos_two_pi(double u) {
   const double c = complement ? sin_small(x) : cos_small(x);
   const double s = complement ? cos_small(x) : sin_small(x);
   switch (quadrant) {
-    case 0: return c;
-    case 1: return -s;
-    case 2: return -c;
-    default: return s;
+    case 0: return {c, s};
+    case 1: return {-s, c};
+    case 2: return {-c, -s};
+    default: return {s, -c};
   }
 }
 
@@ -189,27 +193,61 @@ QUINTET_HOST_DEVICE inline double unit_open_closed(std::uint32_t high, std::uint
 
 }  // namespace detail
 
-// Uniform float in [0, 1) for element `index` of stream `key`: 24 random bits, exact in float.
-// Four consecutive indices share one Philox block.
+// Draws for element `index` of a stream. Consecutive elements share Philox blocks (four uniform
+// floats, two uniform doubles or two normals per block); rng_cursor keeps the last block so a loop
+// over consecutive indices evaluates each block once. Values depend only on (key, index).
+class rng_cursor {
+ public:
+  QUINTET_HOST_DEVICE explicit rng_cursor(rng_key key) : key_(key) {}
+
+  // Uniform float in [0, 1): 24 random bits, exact in float.
+  QUINTET_HOST_DEVICE float uniform_float(std::uint64_t index) {
+    return static_cast<float>(block(index / 4).word[index % 4] >> 8) * 0x1.0p-24f;
+  }
+
+  // Uniform double in [0, 1): 53 random bits.
+  QUINTET_HOST_DEVICE double uniform_double(std::uint64_t index) {
+    const philox_block& bits = block(index / 2);
+    const int lane = static_cast<int>(index % 2) * 2;
+    return detail::unit_closed_open(bits.word[lane], bits.word[lane + 1]);
+  }
+
+  // Standard normal, computed in double: Box-Muller on one block gives the pair (2k, 2k+1) as
+  // r cos(theta) and r sin(theta).
+  QUINTET_HOST_DEVICE double normal_double(std::uint64_t index) {
+    const philox_block& bits = block(index / 2);
+    const double radius_uniform = detail::unit_open_closed(bits.word[0], bits.word[1]);
+    const double angle_uniform = detail::unit_closed_open(bits.word[2], bits.word[3]);
+    const double radius = detail::square_root(-2.0 * detail::log_unit_interval(radius_uniform));
+    const detail::cos_sin angle = detail::cos_sin_two_pi(angle_uniform);
+    return radius * (index % 2 == 0 ? angle.cos : angle.sin);
+  }
+
+ private:
+  QUINTET_HOST_DEVICE const philox_block& block(std::uint64_t block_index) {
+    if (!valid_ || block_index != block_index_) {
+      bits_ = random_block(key_, block_index);
+      block_index_ = block_index;
+      valid_ = true;
+    }
+    return bits_;
+  }
+
+  rng_key key_;
+  std::uint64_t block_index_ = 0;
+  bool valid_ = false;
+  philox_block bits_{};
+};
+
+// One-off draws (each evaluates a whole block; loops should use an rng_cursor).
 QUINTET_HOST_DEVICE inline float uniform_float(rng_key key, std::uint64_t index) {
-  const philox_block bits = random_block(key, index / 4);
-  return static_cast<float>(bits.word[index % 4] >> 8) * 0x1.0p-24f;
+  return rng_cursor(key).uniform_float(index);
 }
-
-// Uniform double in [0, 1) for element `index`: 53 random bits; two indices share one block.
 QUINTET_HOST_DEVICE inline double uniform_double(rng_key key, std::uint64_t index) {
-  const philox_block bits = random_block(key, index / 2);
-  const int lane = static_cast<int>(index % 2) * 2;
-  return detail::unit_closed_open(bits.word[lane], bits.word[lane + 1]);
+  return rng_cursor(key).uniform_double(index);
 }
-
-// Standard normal draw for element `index` (Box-Muller on one Philox block, computed in double).
 QUINTET_HOST_DEVICE inline double normal_double(rng_key key, std::uint64_t index) {
-  const philox_block bits = random_block(key, index);
-  const double radius_uniform = detail::unit_open_closed(bits.word[0], bits.word[1]);
-  const double angle_uniform = detail::unit_closed_open(bits.word[2], bits.word[3]);
-  const double radius = detail::square_root(-2.0 * detail::log_unit_interval(radius_uniform));
-  return radius * detail::cos_two_pi(angle_uniform);
+  return rng_cursor(key).normal_double(index);
 }
 
 }  // namespace quintet

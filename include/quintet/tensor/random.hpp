@@ -34,22 +34,24 @@ struct normal_distribution {
   double stddev = 1.0;
 };
 
-// The value of element `index` of stream `key` under a distribution, converted to T. Float-like
+// The value of element `index` of the cursor's stream under a distribution, converted to T. Float-like
 // types draw 24 random bits and compute in float; double draws 53 bits and computes in double.
 template <class T>
-QUINTET_HOST_DEVICE T random_value(uniform_distribution dist, rng_key key, std::uint64_t index) {
+QUINTET_HOST_DEVICE T random_value(uniform_distribution dist, rng_cursor& draws,
+                                   std::uint64_t index) {
   if constexpr (std::is_same_v<T, double>) {
-    return detail::fused_multiply_add(dist.high - dist.low, uniform_double(key, index), dist.low);
+    return detail::fused_multiply_add(dist.high - dist.low, draws.uniform_double(index), dist.low);
   } else {
     const float low = static_cast<float>(dist.low);
     const float span = static_cast<float>(dist.high) - low;
-    return T(detail::fused_multiply_add(span, uniform_float(key, index), low));
+    return T(detail::fused_multiply_add(span, draws.uniform_float(index), low));
   }
 }
 
 template <class T>
-QUINTET_HOST_DEVICE T random_value(normal_distribution dist, rng_key key, std::uint64_t index) {
-  const double value = detail::fused_multiply_add(dist.stddev, normal_double(key, index), dist.mean);
+QUINTET_HOST_DEVICE T random_value(normal_distribution dist, rng_cursor& draws,
+                                   std::uint64_t index) {
+  const double value = detail::fused_multiply_add(dist.stddev, draws.normal_double(index), dist.mean);
   if constexpr (std::is_same_v<T, double>) {
     return value;
   } else {
@@ -77,8 +79,9 @@ struct random_engine<host> {
       // Along the innermost dimension global indices are consecutive: the global tensor is dense.
       const auto first = static_cast<std::uint64_t>(where.global_index(coordinates));
       T* row = dst.data() + offset;
+      rng_cursor draws(key);
       for (std::int64_t i = 0; i < length; ++i)
-        row[i * step] = random_value<T>(dist, key, first + static_cast<std::uint64_t>(i));
+        row[i * step] = random_value<T>(dist, draws, first + static_cast<std::uint64_t>(i));
     });
   }
 };

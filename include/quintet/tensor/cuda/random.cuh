@@ -26,11 +26,12 @@ template <class T, class Distribution>
 __global__ void random_kernel(T* data, strided_layout layout, device_region where,
                               std::int64_t elements, rng_key key, Distribution dist) {
   std::int64_t coordinates[6];
+  rng_cursor draws(key);
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < elements;
        i += std::int64_t{gridDim.x} * blockDim.x) {
     const std::int64_t offset = layout.offset_of(i, coordinates);
     data[offset] =
-        random_value<T>(dist, key, static_cast<std::uint64_t>(where.global_index(coordinates)));
+        random_value<T>(dist, draws, static_cast<std::uint64_t>(where.global_index(coordinates)));
   }
 }
 
