@@ -1,0 +1,246 @@
+// A cache-blocked matrix product in portable C++, with the loop structure of BLIS: a panel of B
+// and a block of A are packed so that the innermost kernel streams both contiguously, and an
+// MR x NR tile of C is accumulated in registers by loops of fixed length that g++ vectorises.
+// On x86-64 the same source is also compiled for AVX2 and AVX-512 and chosen at run time.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <new>
+
+#if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__) && !defined(__CUDACC__)
+#define QUINTET_GEMM_MULTIVERSION 1
+#else
+#define QUINTET_GEMM_MULTIVERSION 0
+#endif
+
+namespace quintet::kernels::host_impl {
+
+// Which instruction set the packed kernel is compiled for; `baseline` is what the compiler
+// targets by default (SSE2 on x86-64), the others are chosen at run time when the CPU has them.
+enum class gemm_isa { baseline, avx2, avx512 };
+
+inline bool gemm_isa_supported(gemm_isa isa) {
+#if QUINTET_GEMM_MULTIVERSION
+  switch (isa) {
+    case gemm_isa::baseline:
+      return true;
+    case gemm_isa::avx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case gemm_isa::avx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+             __builtin_cpu_supports("fma");
+  }
+  return false;
+#else
+  return isa == gemm_isa::baseline;
+#endif
+}
+
+inline gemm_isa best_gemm_isa() {
+  static const gemm_isa best = gemm_isa_supported(gemm_isa::avx512) ? gemm_isa::avx512
+                               : gemm_isa_supported(gemm_isa::avx2) ? gemm_isa::avx2
+                                                                    : gemm_isa::baseline;
+  return best;
+}
+
+// Register tile MR x NR and cache blocks. NR is one AVX-512 register of T (two AVX2 ones), MR = 6
+// rows keeps 6 (AVX-512) or 12 (AVX2) accumulator registers live. KC x NR of B (16 KiB for float)
+// stays in L1, MC x KC of A (96 KiB) in L2, KC x NC of B (2 MiB) in L3. Chosen by bench_kernels'
+// portable matmul runs on the 2-core AVX-512 development machine.
+template <class T>
+struct gemm_blocking;
+template <>
+struct gemm_blocking<float> {
+  static constexpr int mr = 6, nr = 16;
+  static constexpr std::int64_t mc = 96, kc = 256, nc = 2048;
+};
+template <>
+struct gemm_blocking<double> {
+  static constexpr int mr = 6, nr = 8;
+  static constexpr std::int64_t mc = 96, kc = 256, nc = 1024;
+};
+
+// Rows [row0, row0 + rows) and columns [col0, col0 + cols) of op(A) (op = transpose when
+// `transposed`), packed as slivers of MR rows: packed[sliver][p][r], zero-padded to MR.
+template <class T>
+void pack_a(const T* a, std::int64_t lda, bool transposed, std::int64_t row0, std::int64_t rows,
+            std::int64_t col0, std::int64_t cols, T* packed) {
+  constexpr int mr = gemm_blocking<T>::mr;
+  for (std::int64_t s = 0; s < rows; s += mr) {
+    const int live = static_cast<int>(std::min<std::int64_t>(mr, rows - s));
+    for (std::int64_t p = 0; p < cols; ++p) {
+      for (int r = 0; r < mr; ++r) {
+        const std::int64_t i = row0 + s + r, kk = col0 + p;
+        packed[r] = r < live ? (transposed ? a[kk * lda + i] : a[i * lda + kk]) : T(0);
+      }
+      packed += mr;
+    }
+  }
+}
+
+// Rows [row0, row0 + rows) and columns [col0, col0 + cols) of op(B), packed as slivers of NR
+// columns: packed[sliver][p][c], zero-padded to NR.
+template <class T>
+void pack_b(const T* b, std::int64_t ldb, bool transposed, std::int64_t row0, std::int64_t rows,
+            std::int64_t col0, std::int64_t cols, T* packed) {
+  constexpr int nr = gemm_blocking<T>::nr;
+  for (std::int64_t s = 0; s < cols; s += nr) {
+    const int live = static_cast<int>(std::min<std::int64_t>(nr, cols - s));
+    for (std::int64_t p = 0; p < rows; ++p) {
+      const std::int64_t kk = row0 + p;
+      for (int c = 0; c < nr; ++c) {
+        const std::int64_t j = col0 + s + c;
+        packed[c] = c < live ? (transposed ? b[j * ldb + kk] : b[kk * ldb + j]) : T(0);
+      }
+      packed += nr;
+    }
+  }
+}
+
+// C tile (rows x cols, rows <= MR, cols <= NR) = alpha * Ap Bp + beta * C over `depth` packed
+// steps. beta == 0 never reads C, so C may hold garbage (or NaN) beforehand, as BLAS allows.
+template <class T>
+[[gnu::always_inline]] inline void micro_tile(std::int64_t depth, const T* __restrict ap,
+                                              const T* __restrict bp, T* c, std::int64_t ldc,
+                                              int rows, int cols, T alpha, T beta) {
+  constexpr int mr = gemm_blocking<T>::mr, nr = gemm_blocking<T>::nr;
+  static_assert(mr == 6, "the micro-kernel keeps six named accumulator rows");
+  // Six named rows rather than acc[mr][nr]: the j loop then holds six independent FMAs that the
+  // loop vectoriser turns into one register each; a 2D array is left in memory by g++ -O2.
+  T c0[nr] = {}, c1[nr] = {}, c2[nr] = {}, c3[nr] = {}, c4[nr] = {}, c5[nr] = {};
+  for (std::int64_t p = 0; p < depth; ++p) {
+    const T* __restrict a_step = ap + p * mr;
+    const T* __restrict b_step = bp + p * nr;
+    const T a0 = a_step[0], a1 = a_step[1], a2 = a_step[2], a3 = a_step[3], a4 = a_step[4],
+            a5 = a_step[5];
+    for (int j = 0; j < nr; ++j) {
+      const T bj = b_step[j];
+      c0[j] += a0 * bj;
+      c1[j] += a1 * bj;
+      c2[j] += a2 * bj;
+      c3[j] += a3 * bj;
+      c4[j] += a4 * bj;
+      c5[j] += a5 * bj;
+    }
+  }
+  T* const acc[mr] = {c0, c1, c2, c3, c4, c5};
+  for (int r = 0; r < rows; ++r) {
+    T* c_row = c + r * ldc;
+    if (beta == T(0)) {
+      for (int j = 0; j < cols; ++j) c_row[j] = alpha * acc[r][j];
+    } else {
+      for (int j = 0; j < cols; ++j) c_row[j] = alpha * acc[r][j] + beta * c_row[j];
+    }
+  }
+}
+
+template <class T>
+[[gnu::always_inline]] inline void macro_kernel(std::int64_t rows, std::int64_t cols,
+                                                std::int64_t depth, const T* a_packed,
+                                                const T* b_packed, T* c, std::int64_t ldc, T alpha,
+                                                T beta) {
+  constexpr int mr = gemm_blocking<T>::mr, nr = gemm_blocking<T>::nr;
+  for (std::int64_t j = 0; j < cols; j += nr) {
+    const int live_cols = static_cast<int>(std::min<std::int64_t>(nr, cols - j));
+    const T* bp = b_packed + (j / nr) * nr * depth;
+    for (std::int64_t i = 0; i < rows; i += mr) {
+      const int live_rows = static_cast<int>(std::min<std::int64_t>(mr, rows - i));
+      const T* ap = a_packed + (i / mr) * mr * depth;
+      micro_tile<T>(depth, ap, bp, c + i * ldc + j, ldc, live_rows, live_cols, alpha, beta);
+    }
+  }
+}
+
+template <class T>
+void macro_kernel_baseline(std::int64_t rows, std::int64_t cols, std::int64_t depth,
+                           const T* a_packed, const T* b_packed, T* c, std::int64_t ldc, T alpha,
+                           T beta) {
+  macro_kernel<T>(rows, cols, depth, a_packed, b_packed, c, ldc, alpha, beta);
+}
+
+#if QUINTET_GEMM_MULTIVERSION
+template <class T>
+[[gnu::target("avx2,fma")]] void macro_kernel_avx2(std::int64_t rows, std::int64_t cols,
+                                                   std::int64_t depth, const T* a_packed,
+                                                   const T* b_packed, T* c, std::int64_t ldc,
+                                                   T alpha, T beta) {
+  macro_kernel<T>(rows, cols, depth, a_packed, b_packed, c, ldc, alpha, beta);
+}
+
+template <class T>
+[[gnu::target("avx512f,avx512vl,fma")]] void macro_kernel_avx512(
+    std::int64_t rows, std::int64_t cols, std::int64_t depth, const T* a_packed, const T* b_packed,
+    T* c, std::int64_t ldc, T alpha, T beta) {
+  macro_kernel<T>(rows, cols, depth, a_packed, b_packed, c, ldc, alpha, beta);
+}
+#endif
+
+struct aligned_delete {
+  void operator()(void* pointer) const { ::operator delete (pointer, std::align_val_t{64}); }
+};
+
+template <class T>
+std::unique_ptr<T[], aligned_delete> aligned_buffer(std::int64_t count) {
+  return std::unique_ptr<T[], aligned_delete>(static_cast<T*>(
+      ::operator new (static_cast<std::size_t>(count) * sizeof(T), std::align_val_t{64})));
+}
+
+// Row-major C (m, n) = alpha * op(A) op(B) + beta * C, op(A): (m, k), op(B): (k, n), leading
+// dimensions in elements; T is float or double. beta == 0 overwrites C without reading it.
+template <class T>
+void gemm_portable(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n,
+                   std::int64_t k, T alpha, const T* a, std::int64_t lda, const T* b,
+                   std::int64_t ldb, T beta, T* c, std::int64_t ldc,
+                   gemm_isa isa = best_gemm_isa()) {
+  using blocking = gemm_blocking<T>;
+  if (m == 0 || n == 0) return;
+  if (k == 0 || alpha == T(0)) {
+    for (std::int64_t i = 0; i < m; ++i)
+      for (std::int64_t j = 0; j < n; ++j)
+        c[i * ldc + j] = beta == T(0) ? T(0) : beta * c[i * ldc + j];
+    return;
+  }
+  const std::int64_t block_rows = std::min(blocking::mc, m);
+  const std::int64_t block_cols = std::min(blocking::nc, n);
+  const std::int64_t block_depth = std::min(blocking::kc, k);
+  auto a_packed = aligned_buffer<T>(((block_rows + blocking::mr - 1) / blocking::mr) *
+                                    blocking::mr * block_depth);
+  auto b_packed = aligned_buffer<T>(((block_cols + blocking::nr - 1) / blocking::nr) *
+                                    blocking::nr * block_depth);
+  auto run = [&](std::int64_t rows, std::int64_t cols, std::int64_t depth, T* c_block,
+                 T beta_block) {
+    switch (isa) {
+#if QUINTET_GEMM_MULTIVERSION
+      case gemm_isa::avx512:
+        macro_kernel_avx512<T>(rows, cols, depth, a_packed.get(), b_packed.get(), c_block, ldc,
+                               alpha, beta_block);
+        return;
+      case gemm_isa::avx2:
+        macro_kernel_avx2<T>(rows, cols, depth, a_packed.get(), b_packed.get(), c_block, ldc, alpha,
+                             beta_block);
+        return;
+#endif
+      default:
+        macro_kernel_baseline<T>(rows, cols, depth, a_packed.get(), b_packed.get(), c_block, ldc,
+                                 alpha, beta_block);
+    }
+  };
+  for (std::int64_t j0 = 0; j0 < n; j0 += blocking::nc) {
+    const std::int64_t cols = std::min(blocking::nc, n - j0);
+    for (std::int64_t p0 = 0; p0 < k; p0 += blocking::kc) {
+      const std::int64_t depth = std::min(blocking::kc, k - p0);
+      pack_b(b, ldb, transpose_b, p0, depth, j0, cols, b_packed.get());
+      // Later depth blocks add onto what the first one wrote.
+      const T beta_block = p0 == 0 ? beta : T(1);
+      for (std::int64_t i0 = 0; i0 < m; i0 += blocking::mc) {
+        const std::int64_t rows = std::min(blocking::mc, m - i0);
+        pack_a(a, lda, transpose_a, i0, rows, p0, depth, a_packed.get());
+        run(rows, cols, depth, c + i0 * ldc + j0, beta_block);
+      }
+    }
+  }
+}
+
+}  // namespace quintet::kernels::host_impl

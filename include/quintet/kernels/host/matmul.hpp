@@ -1,0 +1,92 @@
+// Host matrix products: batched row-major GEMM through CBLAS (when QUINTET_WITH_BLAS) or the
+// portable cache-blocked kernel. 16-bit operands are widened to float, multiplied, and rounded
+// back.
+#pragma once
+
+#include <quintet/core/error.hpp>
+#include <quintet/kernels/accumulator.hpp>
+#include <quintet/kernels/execution.hpp>
+#include <quintet/kernels/host/gemm_portable.hpp>
+#include <quintet/kernels/matmul_geometry.hpp>
+
+#if defined(QUINTET_WITH_BLAS)
+#include <quintet/kernels/host/blas.hpp>
+#endif
+
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+namespace quintet::kernels::host_impl {
+
+enum class gemm_backend { blas, portable };
+
+// The best backend compiled in: CBLAS when available, the portable kernel otherwise.
+inline constexpr gemm_backend default_gemm_backend =
+#if defined(QUINTET_WITH_BLAS)
+    gemm_backend::blas;
+#else
+    gemm_backend::portable;
+#endif
+
+// One float/double product, m, n, k >= 0, with the chosen backend.
+template <class T>
+void gemm(const execution<host>& ctx, gemm_backend backend, bool transpose_a, bool transpose_b,
+          std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a, const T* b, T beta,
+          T* c) {
+  const std::int64_t lda = transpose_a ? m : k, ldb = transpose_b ? k : n, ldc = n;
+#if defined(QUINTET_WITH_BLAS)
+  if (backend == gemm_backend::blas && m > 0 && n > 0 && k > 0) {
+    constexpr std::int64_t int_max = std::numeric_limits<int>::max();
+    QUINTET_CHECK(m <= int_max && n <= int_max && k <= int_max && m * k <= int_max * 64,
+                  "matmul: sizes m={} n={} k={} exceed what CBLAS's int arguments can address", m,
+                  n, k);
+    use_blas_threads(ctx.threads());
+    gemm_blas(transpose_a, transpose_b, m, n, k, alpha, a, std::max<std::int64_t>(lda, 1), b,
+              std::max<std::int64_t>(ldb, 1), beta, c, std::max<std::int64_t>(ldc, 1));
+    return;
+  }
+#else
+  (void)ctx;
+  (void)backend;
+#endif
+  gemm_portable<T>(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+// The batched product described by `g` (see matmul_geometry.hpp) on contiguous row-major data.
+template <class T>
+void matmul(const execution<host>& ctx, gemm_backend backend, const matmul_geometry& g,
+            const matmul_options& options, const T* a, const T* b, T* c) {
+  using acc = accumulator_t<T>;
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    const T alpha = static_cast<T>(options.alpha), beta = static_cast<T>(options.beta);
+    if (g.broadcast_b && !options.transpose_a) {
+      // (batch, m, k) x (k, n): the batch folds into the rows of one product.
+      gemm<T>(ctx, backend, false, options.transpose_b, g.batch * g.m, g.n, g.k, alpha, a, b, beta,
+              c);
+      return;
+    }
+    const std::int64_t a_step = g.m * g.k, b_step = g.broadcast_b ? 0 : g.k * g.n,
+                       c_step = g.m * g.n;
+    for (std::int64_t e = 0; e < g.batch; ++e)
+      gemm<T>(ctx, backend, options.transpose_a, options.transpose_b, g.m, g.n, g.k, alpha,
+              a + e * a_step, b + e * b_step, beta, c + e * c_step);
+  } else {
+    // bf16 / half: widen to float, multiply, round once at the end.
+    static_assert(std::is_same_v<acc, float>);
+    const std::int64_t a_count = g.batch * g.m * g.k;
+    const std::int64_t b_count = (g.broadcast_b ? 1 : g.batch) * g.k * g.n;
+    const std::int64_t c_count = g.batch * g.m * g.n;
+    std::vector<float> a_wide(static_cast<std::size_t>(a_count)),
+        b_wide(static_cast<std::size_t>(b_count)), c_wide(static_cast<std::size_t>(c_count));
+    for (std::int64_t i = 0; i < a_count; ++i) a_wide[i] = static_cast<float>(a[i]);
+    for (std::int64_t i = 0; i < b_count; ++i) b_wide[i] = static_cast<float>(b[i]);
+    if (options.beta != 0.0)
+      for (std::int64_t i = 0; i < c_count; ++i) c_wide[i] = static_cast<float>(c[i]);
+    matmul<float>(ctx, backend, g, options, a_wide.data(), b_wide.data(), c_wide.data());
+    for (std::int64_t i = 0; i < c_count; ++i) c[i] = T(c_wide[i]);
+  }
+}
+
+}  // namespace quintet::kernels::host_impl
