@@ -8,6 +8,7 @@
 #include <quintet/tensor/tensor.hpp>
 #include <quintet/tensor/tensor_view.hpp>
 
+#include <concepts>
 #include <cstdint>
 #include <string_view>
 #include <type_traits>
@@ -74,5 +75,21 @@ std::int64_t row_count(const View& v) {
   for (int d = 0; d + 1 < v.rank(); ++d) rows *= v.shape()[d];
   return rows;
 }
+
+namespace detail {
+
+// Same element type, same device kind as the context, floating point.
+template <class Device, class First, class... Rest>
+constexpr void check_operand_types() {
+  static_assert((std::same_as<typename First::value_type, typename Rest::value_type> && ...),
+                "kernel operands must have one element type");
+  static_assert(floating_element<typename First::value_type>,
+                "kernels compute on float, double, bf16 or half tensors");
+  static_assert(std::same_as<typename First::device_type, Device> &&
+                    (std::same_as<typename Rest::device_type, Device> && ...),
+                "the execution context and the operands must be on the same device kind");
+}
+
+}  // namespace detail
 
 }  // namespace quintet::kernels

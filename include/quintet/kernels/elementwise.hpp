@@ -1,0 +1,143 @@
+// Elementwise kernels a transformer layer needs around its matrix products: bias add and the bias
+// gradient, GELU (tanh form) forward and backward, residual add, scale. All operands contiguous.
+// Parameter gradients (bias_grad) accumulate into their tensor; activation gradients overwrite.
+#pragma once
+
+#include <quintet/core/dtype.hpp>
+#include <quintet/core/error.hpp>
+#include <quintet/kernels/accumulator.hpp>
+#include <quintet/kernels/execution.hpp>
+#include <quintet/kernels/host/elementwise.hpp>
+#include <quintet/kernels/operand.hpp>
+#include <quintet/tensor/device.hpp>
+
+#include <concepts>
+
+namespace quintet::kernels {
+
+// elementwise_engine<Device>: the device's loops. Only the host has them so far.
+template <class Device>
+struct elementwise_engine {
+  static_assert(quintet::detail::always_false<Device>,
+                "bias_add, bias_grad, gelu_forward, gelu_backward, add and scale have only a host "
+                "implementation: their CUDA twins are not written yet");
+};
+
+template <>
+struct elementwise_engine<host> {
+  template <class T>
+  static void bias_add(const execution<host>&, T* x, const T* bias, std::int64_t rows,
+                       std::int64_t n) {
+    host_impl::bias_add(x, bias, rows, n);
+  }
+  template <class T>
+  static void bias_grad(const execution<host>&, const T* dy, T* dbias, std::int64_t rows,
+                        std::int64_t n) {
+    host_impl::bias_grad(dy, dbias, rows, n);
+  }
+  template <class T>
+  static void gelu_forward(const execution<host>&, const T* x, T* y, std::int64_t count) {
+    host_impl::gelu_forward(x, y, count);
+  }
+  template <class T>
+  static void gelu_backward(const execution<host>&, const T* x, const T* dy, T* dx,
+                            std::int64_t count) {
+    host_impl::gelu_backward(x, dy, dx, count);
+  }
+  template <class T>
+  static void add(const execution<host>&, const T* a, const T* b, T* out, std::int64_t count) {
+    host_impl::add(a, b, out, count);
+  }
+  template <class T>
+  static void scale(const execution<host>&, T* x, accumulator_t<T> alpha, std::int64_t count) {
+    host_impl::scale(x, alpha, count);
+  }
+};
+
+// x (..., n) += bias (n), in place.
+template <device_tag Device, class X, class Bias>
+void bias_add(const execution<Device>& ctx, X&& x, const Bias& bias) {
+  const auto xv = output_view(x);
+  const auto bv = input_view(bias);
+  detail::check_operand_types<Device, decltype(xv), decltype(bv)>();
+  require_contiguous(xv, "bias_add", "x");
+  require_contiguous(bv, "bias_add", "bias");
+  require_rank_at_least(xv, 1, "bias_add", "x");
+  require_shape(bv, shape{row_length(xv)}, "bias_add", "bias");
+  check_same_device(xv, bv, "bias_add");
+  elementwise_engine<Device>::bias_add(ctx, xv.data(), bv.data(), row_count(xv), row_length(xv));
+}
+
+// dbias (n) += sum over rows of dy (..., n): the bias gradient, accumulated.
+template <device_tag Device, class Dy, class DBias>
+void bias_grad(const execution<Device>& ctx, const Dy& dy, DBias&& dbias) {
+  const auto dyv = input_view(dy);
+  const auto dbv = output_view(dbias);
+  detail::check_operand_types<Device, decltype(dyv), decltype(dbv)>();
+  require_contiguous(dyv, "bias_grad", "dy");
+  require_contiguous(dbv, "bias_grad", "dbias");
+  require_rank_at_least(dyv, 1, "bias_grad", "dy");
+  require_shape(dbv, shape{row_length(dyv)}, "bias_grad", "dbias");
+  check_same_device(dyv, dbv, "bias_grad");
+  elementwise_engine<Device>::bias_grad(ctx, dyv.data(), dbv.data(), row_count(dyv),
+                                        row_length(dyv));
+}
+
+// y = gelu(x), elementwise; y may be x.
+template <device_tag Device, class X, class Y>
+void gelu_forward(const execution<Device>& ctx, const X& x, Y&& y) {
+  const auto xv = input_view(x);
+  const auto yv = output_view(y);
+  detail::check_operand_types<Device, decltype(xv), decltype(yv)>();
+  require_contiguous(xv, "gelu_forward", "x");
+  require_contiguous(yv, "gelu_forward", "y");
+  check_same_shape(xv, yv, "gelu_forward");
+  check_same_device(xv, yv, "gelu_forward");
+  elementwise_engine<Device>::gelu_forward(ctx, xv.data(), yv.data(), xv.numel());
+}
+
+// dx = dy * gelu'(x), with x the forward input; dx may be dy.
+template <device_tag Device, class X, class Dy, class Dx>
+void gelu_backward(const execution<Device>& ctx, const X& x, const Dy& dy, Dx&& dx) {
+  const auto xv = input_view(x);
+  const auto dyv = input_view(dy);
+  const auto dxv = output_view(dx);
+  detail::check_operand_types<Device, decltype(xv), decltype(dyv), decltype(dxv)>();
+  require_contiguous(xv, "gelu_backward", "x");
+  require_contiguous(dyv, "gelu_backward", "dy");
+  require_contiguous(dxv, "gelu_backward", "dx");
+  check_same_shape(xv, dyv, "gelu_backward");
+  check_same_shape(xv, dxv, "gelu_backward");
+  check_same_device(xv, dxv, "gelu_backward");
+  check_same_device(dyv, dxv, "gelu_backward");
+  elementwise_engine<Device>::gelu_backward(ctx, xv.data(), dyv.data(), dxv.data(), xv.numel());
+}
+
+// out = a + b (a residual connection); out may be a or b.
+template <device_tag Device, class A, class B, class Out>
+void add(const execution<Device>& ctx, const A& a, const B& b, Out&& out) {
+  const auto av = input_view(a);
+  const auto bv = input_view(b);
+  const auto ov = output_view(out);
+  detail::check_operand_types<Device, decltype(av), decltype(bv), decltype(ov)>();
+  require_contiguous(av, "add", "a");
+  require_contiguous(bv, "add", "b");
+  require_contiguous(ov, "add", "out");
+  check_same_shape(av, bv, "add");
+  check_same_shape(av, ov, "add");
+  check_same_device(av, ov, "add");
+  check_same_device(bv, ov, "add");
+  elementwise_engine<Device>::add(ctx, av.data(), bv.data(), ov.data(), av.numel());
+}
+
+// x *= alpha, in place.
+template <device_tag Device, class X>
+void scale(const execution<Device>& ctx, X&& x, double alpha) {
+  const auto xv = output_view(x);
+  detail::check_operand_types<Device, decltype(xv)>();
+  require_contiguous(xv, "scale", "x");
+  using acc = accumulator_t<typename decltype(xv)::value_type>;
+  elementwise_engine<Device>::scale(ctx, xv.data(), static_cast<acc>(alpha), xv.numel());
+}
+
+}  // namespace quintet::kernels

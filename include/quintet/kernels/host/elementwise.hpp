@@ -1,0 +1,77 @@
+// Host loops for the elementwise kernels: bias add and its gradient, GELU (tanh form) forward and
+// backward, addition and scaling, on contiguous arrays. Arithmetic in accumulator_t<T>.
+#pragma once
+
+#include <quintet/kernels/accumulator.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace quintet::kernels::host_impl {
+
+// x (rows, n) += bias (n), broadcast over rows.
+template <class T>
+void bias_add(T* x, const T* bias, std::int64_t rows, std::int64_t n) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    T* row = x + r * n;
+    for (std::int64_t j = 0; j < n; ++j) row[j] = narrow<T>(widen(row[j]) + widen(bias[j]));
+  }
+}
+
+// dbias (n) += column sums of dy (rows, n); the sums are formed in the accumulator type first.
+template <class T>
+void bias_grad(const T* dy, T* dbias, std::int64_t rows, std::int64_t n) {
+  using acc = accumulator_t<T>;
+  std::vector<acc> sums(static_cast<std::size_t>(n), acc(0));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const T* row = dy + r * n;
+    for (std::int64_t j = 0; j < n; ++j) sums[j] += widen(row[j]);
+  }
+  for (std::int64_t j = 0; j < n; ++j) dbias[j] = narrow<T>(widen(dbias[j]) + sums[j]);
+}
+
+// GELU, tanh form (Hendrycks & Gimpel): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+template <class Acc>
+struct gelu_constants {
+  static constexpr Acc sqrt_2_over_pi = Acc(0.79788456080286535588);
+  static constexpr Acc cubic = Acc(0.044715);
+};
+
+template <class T>
+void gelu_forward(const T* x, T* y, std::int64_t count) {
+  using acc = accumulator_t<T>;
+  using k = gelu_constants<acc>;
+  for (std::int64_t i = 0; i < count; ++i) {
+    const acc v = widen(x[i]);
+    const acc t = std::tanh(k::sqrt_2_over_pi * (v + k::cubic * v * v * v));
+    y[i] = narrow<T>(acc(0.5) * v * (acc(1) + t));
+  }
+}
+
+// d gelu / dx = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2).
+template <class T>
+void gelu_backward(const T* x, const T* dy, T* dx, std::int64_t count) {
+  using acc = accumulator_t<T>;
+  using k = gelu_constants<acc>;
+  for (std::int64_t i = 0; i < count; ++i) {
+    const acc v = widen(x[i]);
+    const acc t = std::tanh(k::sqrt_2_over_pi * (v + k::cubic * v * v * v));
+    const acc slope = acc(0.5) * (acc(1) + t) + acc(0.5) * v * (acc(1) - t * t) *
+                                                    k::sqrt_2_over_pi *
+                                                    (acc(1) + acc(3) * k::cubic * v * v);
+    dx[i] = narrow<T>(widen(dy[i]) * slope);
+  }
+}
+
+template <class T>
+void add(const T* a, const T* b, T* out, std::int64_t count) {
+  for (std::int64_t i = 0; i < count; ++i) out[i] = narrow<T>(widen(a[i]) + widen(b[i]));
+}
+
+template <class T>
+void scale(T* x, accumulator_t<T> alpha, std::int64_t count) {
+  for (std::int64_t i = 0; i < count; ++i) x[i] = narrow<T>(widen(x[i]) * alpha);
+}
+
+}  // namespace quintet::kernels::host_impl

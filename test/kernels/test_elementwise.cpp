@@ -1,0 +1,200 @@
+// Elementwise kernels and dropout against naive double formulas; GELU's and the bias's backward
+// against central finite differences; dropout masks reproducible per shard.
+#include "kernel_test_support.hpp"
+
+#include <quintet/kernels/dropout.hpp>
+#include <quintet/kernels/elementwise.hpp>
+#include <quintet/tensor/copy.hpp>
+#include <quintet/tensor/fill.hpp>
+#include <quintet/tensor/slice.hpp>
+
+#include <cmath>
+#include <cstring>
+
+using namespace kernel_test;
+using quintet::execution;
+namespace k = quintet::kernels;
+
+namespace {
+
+double gelu_reference(double x) {
+  return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+
+const std::vector<shape> shapes = {shape{1}, shape{3, 17}, shape{2, 5, 33}, shape{64, 33}};
+
+}  // namespace
+
+TEST_CASE("bias_add and bias_grad equal the double formulas", "[kernels][elementwise]") {
+  const execution<host> ctx;
+  std::uint64_t stream = 10;
+  for (const shape& s : shapes) {
+    const std::int64_t n = s[s.rank() - 1], rows = s.numel() / n;
+    auto x = random_tensor<float>(s, ++stream);
+    auto bias = random_tensor<float>(shape{n}, ++stream);
+    auto want = to_double(x);
+    const auto b = to_double(bias);
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t j = 0; j < n; ++j) want[r * n + j] += b[j];
+    k::bias_add(ctx, x, bias);
+    require_close(x, want, 1e-6, 1e-7, "bias_add");
+
+    auto dy = random_tensor<float>(s, ++stream);
+    auto dbias = random_tensor<float>(shape{n}, ++stream);  // accumulated into
+    std::vector<double> grad = to_double(dbias);
+    const auto d = to_double(dy);
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t j = 0; j < n; ++j) grad[j] += d[r * n + j];
+    k::bias_grad(ctx, dy, dbias);
+    require_close(dbias, grad, 1e-5, 1e-5, "bias_grad");
+  }
+}
+
+TEST_CASE("bias_grad is the gradient of bias_add (finite differences)", "[kernels][elementwise]") {
+  const execution<host> ctx;
+  auto x = random_tensor<double>(shape{7, 5}, 1);
+  auto bias = random_tensor<double>(shape{5}, 2);
+  auto w = random_tensor<double>(shape{7, 5}, 3);
+  auto loss = [&] {
+    tensor<double, host> y(x.shape());
+    quintet::copy(y, x);
+    k::bias_add(ctx, y, bias);
+    return weighted_sum(y, w);
+  };
+  const auto numeric = finite_difference_gradient(bias, loss);
+  tensor<double, host> dbias(shape{5});
+  quintet::fill(dbias, 0.0);
+  k::bias_grad(ctx, w, dbias);
+  require_close(dbias, numeric, 1e-7, 1e-8, "dbias vs finite differences");
+}
+
+TEST_CASE("GELU forward and backward equal the tanh formula and its derivative",
+          "[kernels][elementwise]") {
+  const execution<host> ctx;
+  std::uint64_t stream = 40;
+  for (const shape& s : shapes) {
+    auto x = random_tensor<float>(s, ++stream, -4.0, 4.0);
+    tensor<float, host> y(s);
+    k::gelu_forward(ctx, x, y);
+    std::vector<double> want;
+    for (const double v : to_double(x)) want.push_back(gelu_reference(v));
+    require_close(y, want, 1e-5, 1e-6, "gelu_forward float");
+  }
+  // Backward in double against central differences of the double forward.
+  auto x = random_tensor<double>(shape{3, 17}, 5, -3.0, 3.0);
+  auto w = random_tensor<double>(shape{3, 17}, 6);
+  auto loss = [&] {
+    tensor<double, host> y(x.shape());
+    k::gelu_forward(ctx, x, y);
+    return weighted_sum(y, w);
+  };
+  const auto numeric = finite_difference_gradient(x, loss);
+  tensor<double, host> dx(x.shape());
+  k::gelu_backward(ctx, x, w, dx);
+  require_close(dx, numeric, 1e-7, 1e-8, "gelu_backward vs finite differences");
+  // The float backward agrees with the double one.
+  tensor<float, host> xf(x.shape()), wf(x.shape()), dxf(x.shape());
+  for (std::int64_t i = 0; i < x.numel(); ++i) {
+    xf.data()[i] = static_cast<float>(x.data()[i]);
+    wf.data()[i] = static_cast<float>(w.data()[i]);
+  }
+  k::gelu_backward(ctx, xf, wf, dxf);
+  require_close(dxf, to_double(dx), 1e-5, 1e-6, "gelu_backward float");
+}
+
+TEST_CASE("add and scale equal the double formulas, in place too", "[kernels][elementwise]") {
+  const execution<host> ctx;
+  auto a = random_tensor<float>(shape{5, 33}, 1);
+  auto b = random_tensor<float>(shape{5, 33}, 2);
+  std::vector<double> want = to_double(a);
+  const auto bd = to_double(b);
+  for (std::size_t i = 0; i < want.size(); ++i) want[i] = (want[i] + bd[i]) * -2.5;
+  k::add(ctx, a, b, a);  // a residual stream updated in place
+  k::scale(ctx, a, -2.5);
+  require_close(a, want, 1e-6, 1e-7, "add + scale");
+  auto h = random_tensor<quintet::bf16>(shape{17}, 3);
+  auto hd = to_double(h);
+  k::scale(ctx, h, 0.5);  // exact in bf16
+  for (auto& v : hd) v *= 0.5;
+  require_close(h, hd, 0.0, 0.0, "bf16 scale");
+}
+
+TEST_CASE("elementwise kernels reject mismatched shapes", "[kernels][elementwise][errors]") {
+  const execution<host> ctx;
+  tensor<float, host> x(shape{4, 6}), bias(shape{5}), y(shape{4, 5});
+  REQUIRE_THROWS_WITH(k::bias_add(ctx, x, bias),
+                      Catch::Contains("bias has shape (5,), expected (6,)"));
+  REQUIRE_THROWS_WITH(k::bias_grad(ctx, x, bias),
+                      Catch::Contains("dbias has shape (5,), expected (6,)"));
+  REQUIRE_THROWS_WITH(k::gelu_forward(ctx, x, y), Catch::Contains("equal shapes") &&
+                                                      Catch::Contains("(4, 6)") &&
+                                                      Catch::Contains("(4, 5)"));
+  REQUIRE_THROWS_WITH(k::add(ctx, x, y, x), Catch::Contains("add needs equal shapes"));
+  REQUIRE_THROWS_WITH(k::scale(ctx, quintet::slice(x, 1, 0, 3), 2.0),
+                      Catch::Contains("x of shape (4, 3) must be contiguous"));
+}
+
+TEST_CASE("dropout keeps elements by the Philox draw and scales them by 1 / (1 - p)",
+          "[kernels][dropout]") {
+  const execution<host> ctx;
+  const quintet::rng_key key{.seed = 5, .stream = quintet::rng_stream_for("blocks.0.attn.drop")};
+  const double p = 0.3;
+  auto x = random_tensor<float>(shape{8, 33}, 9, 0.5, 1.5);  // nonzero, so a zero means dropped
+  tensor<float, host> y(x.shape());
+  k::dropout_forward(ctx, x, y, p, key);
+  std::int64_t dropped = 0;
+  for (std::int64_t i = 0; i < x.numel(); ++i) {
+    const bool keep = quintet::uniform_float(key, static_cast<std::uint64_t>(i)) >= p;
+    const double want = keep ? static_cast<double>(x.data()[i]) / (1.0 - p) : 0.0;
+    REQUIRE(y.data()[i] == Approx(want).epsilon(1e-6));
+    dropped += keep ? 0 : 1;
+  }
+  // 264 Bernoulli(0.3) draws: the count is within 5 standard deviations (7.4) of 79.2.
+  REQUIRE(std::abs(static_cast<double>(dropped) - 0.3 * 264) < 5 * 7.45);
+
+  // Backward applies the same mask to dy.
+  auto dy = random_tensor<float>(x.shape(), 10);
+  tensor<float, host> dx(x.shape());
+  k::dropout_backward(ctx, dy, dx, p, key);
+  for (std::int64_t i = 0; i < x.numel(); ++i) {
+    const bool keep = y.data()[i] != 0.0f;
+    REQUIRE(dx.data()[i] == (keep ? Approx(dy.data()[i] / (1.0 - p)).epsilon(1e-6) : Approx(0.0)));
+  }
+  // p = 0 is the identity.
+  k::dropout_forward(ctx, x, y, 0.0, key);
+  require_close(y, to_double(x), 0.0, 0.0, "dropout p = 0");
+}
+
+TEST_CASE("a shard's dropout mask equals that slice of the full tensor's mask",
+          "[kernels][dropout]") {
+  const execution<host> ctx;
+  const quintet::rng_key key{.seed = 17, .stream = 3};
+  const shape global{6, 10, 8};
+  auto x = random_tensor<float>(global, 1);
+  tensor<float, host> whole(global);
+  k::dropout_forward(ctx, x, whole, 0.5, key);
+  for (int dim = 0; dim < 3; ++dim) {
+    const quintet::region where = quintet::region(global).chunk(dim, 2, 1);
+    tensor<float, host> x_shard(where.local_shape()), y_shard(where.local_shape()),
+        expected(where.local_shape());
+    quintet::copy(x_shard, quintet::chunk(x, dim, 2, 1));
+    k::dropout_forward(ctx, x_shard, y_shard, 0.5, key, where);
+    quintet::copy(expected, quintet::chunk(whole, dim, 2, 1));
+    INFO("dim " << dim);
+    REQUIRE(std::memcmp(y_shard.data(), expected.data(), expected.bytes()) == 0);
+  }
+}
+
+TEST_CASE("dropout rejects a probability outside [0, 1) and a region of another shape",
+          "[kernels][dropout][errors]") {
+  const execution<host> ctx;
+  tensor<float, host> x(shape{4, 4}), y(shape{4, 4});
+  quintet::fill(x, 1.0f);
+  REQUIRE_THROWS_WITH(k::dropout_forward(ctx, x, y, 1.0, {}),
+                      Catch::Contains("drop probability 1 must be in [0, 1)"));
+  REQUIRE_THROWS_WITH(k::dropout_backward(ctx, x, y, -0.1, {}),
+                      Catch::Contains("drop probability -0.1"));
+  REQUIRE_THROWS_WITH(
+      k::dropout_forward(ctx, x, y, 0.1, {}, quintet::region(shape{8, 4}).chunk(0, 4, 1)),
+      Catch::Contains("local shape (2, 4) differs from the tensor's shape (4, 4)"));
+}
