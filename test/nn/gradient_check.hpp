@@ -1,0 +1,74 @@
+// Central finite differences for layers in double precision: L = sum(forward(x) * r) for a random
+// upstream gradient r, so backward(r) must return dL/dx and accumulate dL/dparameter.
+#pragma once
+
+#include <catch2/catch.hpp>
+
+#include <quintet/nn/context.hpp>
+#include <quintet/nn/parameter.hpp>
+#include <quintet/tensor/random.hpp>
+#include <quintet/tensor/tensor.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+namespace quintet::test {
+
+using host_tensor = quintet::tensor<double, quintet::host>;
+
+inline double dot(const host_tensor& a, const host_tensor& b) {
+  REQUIRE(a.shape() == b.shape());
+  double sum = 0;
+  for (std::int64_t i = 0; i < a.numel(); ++i) sum += a.data()[i] * b.data()[i];
+  return sum;
+}
+
+// The analytic and the central-difference derivative agree to `tolerance`, relative to the
+// larger of the two magnitudes (floored at 1, so tiny derivatives are compared absolutely).
+inline void require_close(double analytic, double numeric, double tolerance,
+                          const std::string& what) {
+  const double scale = std::max({1.0, std::abs(analytic), std::abs(numeric)});
+  INFO(what << ": analytic " << analytic << ", finite difference " << numeric);
+  REQUIRE(std::abs(analytic - numeric) <= tolerance * scale);
+}
+
+// `forward(ctx, x)` returns the layer output; `backward(ctx, dy)` returns dx. Every element of x
+// and of every parameter in `registry` is perturbed by +-step.
+template <class Forward, class Backward>
+void check_gradients(quintet::nn::parameter_registry<double, quintet::host>& registry,
+                     host_tensor& x, Forward forward, Backward backward, double step = 1e-6,
+                     double tolerance = 1e-6) {
+  quintet::nn::context<quintet::host> ctx;
+  const host_tensor y = forward(ctx, x);
+  host_tensor upstream(y.shape());
+  quintet::fill_normal(upstream, {.seed = 77, .stream = 1}, 0.0, 1.0);
+  registry.zero_grad();
+  const host_tensor dx = backward(ctx, upstream);
+  REQUIRE(dx.shape() == x.shape());
+
+  const auto loss = [&] {
+    quintet::nn::context<quintet::host> fresh;
+    return dot(forward(fresh, x), upstream);
+  };
+  const auto central_difference = [&](double& value) {
+    const double saved = value;
+    value = saved + step;
+    const double plus = loss();
+    value = saved - step;
+    const double minus = loss();
+    value = saved;
+    return (plus - minus) / (2 * step);
+  };
+  for (std::int64_t i = 0; i < x.numel(); ++i)
+    require_close(dx.data()[i], central_difference(x.data()[i]), tolerance,
+                  "dx[" + std::to_string(i) + "]");
+  for (auto& p : registry) {
+    for (std::int64_t i = 0; i < p.value.numel(); ++i)
+      require_close(p.grad.data()[i], central_difference(p.value.data()[i]), tolerance,
+                    "d" + p.name + "[" + std::to_string(i) + "]");
+  }
+}
+
+}  // namespace quintet::test
