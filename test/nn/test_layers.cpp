@@ -5,6 +5,7 @@
 #include "gradient_check.hpp"
 
 #include <quintet/nn/linear.hpp>
+#include <quintet/nn/mlp.hpp>
 
 using quintet::host;
 using quintet::shape;
@@ -48,4 +49,22 @@ TEST_CASE("linear rejects inputs and gradients of the wrong width", "[nn][linear
   REQUIRE_THROWS_WITH(
       layer.backward(ctx, dy.view()),
       Catch::Contains("output gradient (3, 6) does not match the saved input (2, 4)"));
+}
+
+TEST_CASE("mlp backward matches finite differences", "[nn][mlp]") {
+  for (const auto& [input_shape, hidden] :
+       {std::pair{shape{2, 3, 4}, 7}, std::pair{shape{5, 3}, 12}}) {
+    quintet::nn::parameter_registry<double, host> registry(11);
+    const std::int64_t d = input_shape[input_shape.rank() - 1];
+    quintet::nn::mlp<double, host> block(registry, exec, "mlp", d, hidden, 0.7, 0.7);
+    for (auto& p : registry)  // non-zero biases, so their paths are exercised
+      if (p.name.ends_with(".bias"))
+        quintet::fill_normal(p.value, {.seed = 3, .stream = 4}, 0.0, 0.5);
+    host_tensor x(input_shape);
+    quintet::fill_normal(x, {.seed = 2, .stream = 2}, 0.0, 1.0);
+    quintet::test::check_gradients(
+        registry, x,
+        [&](auto& ctx, const host_tensor& input) { return block.forward(ctx, input.view()); },
+        [&](auto& ctx, const host_tensor& dy) { return block.backward(ctx, dy.view()); });
+  }
 }
