@@ -76,6 +76,13 @@ std::int64_t row_count(const View& v) {
   return rows;
 }
 
+// The shape of a view without its last dimension: one entry per row (per-row statistics).
+template <class View>
+shape leading_shape(const View& v) {
+  const auto extents = v.shape().extents();
+  return shape(extents.first(extents.empty() ? 0 : extents.size() - 1));
+}
+
 namespace detail {
 
 // Same element type, same device kind as the context, floating point.

@@ -1,0 +1,76 @@
+// Host loops for layer normalisation over the last dimension and for the row-wise softmax.
+// Statistics are computed in accumulator_t<T>; the variance in two passes (a shifted mean first,
+// then the mean squared deviation) so rows with a large mean do not lose precision.
+#pragma once
+
+#include <quintet/kernels/accumulator.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace quintet::kernels::host_impl {
+
+// y = (x - mean) * rstd * gamma + beta per row of n; mean and rstd = 1 / sqrt(var + eps) saved.
+template <class T, class Acc = accumulator_t<T>>
+void layer_norm_forward(const T* x, const T* gamma, const T* beta, T* y, Acc* mean, Acc* rstd,
+                        std::int64_t rows, std::int64_t n, Acc eps) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * n;
+    // Sum x - x[0] rather than x: for a row far from zero the differences are small and exact,
+    // so the mean keeps the precision that a plain float sum of large values loses.
+    const Acc shift = widen(xr[0]);
+    Acc sum = 0;
+    for (std::int64_t j = 0; j < n; ++j) sum += widen(xr[j]) - shift;
+    const Acc mu = shift + sum / static_cast<Acc>(n);
+    Acc squares = 0;
+    for (std::int64_t j = 0; j < n; ++j) {
+      const Acc d = widen(xr[j]) - mu;
+      squares += d * d;
+    }
+    const Acc inv = Acc(1) / std::sqrt(squares / static_cast<Acc>(n) + eps);
+    T* yr = y + r * n;
+    for (std::int64_t j = 0; j < n; ++j)
+      yr[j] = narrow<T>((widen(xr[j]) - mu) * inv * widen(gamma[j]) + widen(beta[j]));
+    mean[r] = mu;
+    rstd[r] = inv;
+  }
+}
+
+// With xhat = (x - mean) rstd and g = dy gamma, per row:
+//   dx = rstd (g - mean(g) - xhat mean(g xhat)),  dgamma += sum_rows dy xhat,  dbeta += sum_rows
+//   dy.
+template <class T, class Acc = accumulator_t<T>>
+void layer_norm_backward(const T* x, const T* gamma, const Acc* mean, const Acc* rstd, const T* dy,
+                         T* dx, T* dgamma, T* dbeta, std::int64_t rows, std::int64_t n) {
+  std::vector<Acc> gamma_sum(static_cast<std::size_t>(n), Acc(0)),
+      beta_sum(static_cast<std::size_t>(n), Acc(0));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * n;
+    const T* dyr = dy + r * n;
+    const Acc mu = mean[r], inv = rstd[r];
+    Acc g_sum = 0, g_xhat_sum = 0;
+    for (std::int64_t j = 0; j < n; ++j) {
+      const Acc xhat = (widen(xr[j]) - mu) * inv;
+      const Acc d = widen(dyr[j]);
+      const Acc g = d * widen(gamma[j]);
+      g_sum += g;
+      g_xhat_sum += g * xhat;
+      gamma_sum[j] += d * xhat;
+      beta_sum[j] += d;
+    }
+    const Acc g_mean = g_sum / static_cast<Acc>(n), g_xhat_mean = g_xhat_sum / static_cast<Acc>(n);
+    T* dxr = dx + r * n;
+    for (std::int64_t j = 0; j < n; ++j) {
+      const Acc xhat = (widen(xr[j]) - mu) * inv;
+      const Acc g = widen(dyr[j]) * widen(gamma[j]);
+      dxr[j] = narrow<T>(inv * (g - g_mean - xhat * g_xhat_mean));
+    }
+  }
+  for (std::int64_t j = 0; j < n; ++j) {
+    dgamma[j] = narrow<T>(widen(dgamma[j]) + gamma_sum[j]);
+    dbeta[j] = narrow<T>(widen(dbeta[j]) + beta_sum[j]);
+  }
+}
+
+}  // namespace quintet::kernels::host_impl

@@ -1,0 +1,44 @@
+// Host loops for the row-wise softmax and its backward. Stable: the row maximum is subtracted
+// before exponentiating, so no exponent overflows whatever the logits' scale.
+#pragma once
+
+#include <quintet/kernels/accumulator.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+namespace quintet::kernels::host_impl {
+
+// y = exp(x - max) / sum exp(x - max) per row of n; y may be x.
+template <class T>
+void softmax_forward(const T* x, T* y, std::int64_t rows, std::int64_t n) {
+  using acc = accumulator_t<T>;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * n;
+    T* yr = y + r * n;
+    acc peak = -std::numeric_limits<acc>::infinity();
+    for (std::int64_t j = 0; j < n; ++j) peak = std::max(peak, widen(xr[j]));
+    acc sum = 0;
+    for (std::int64_t j = 0; j < n; ++j) sum += std::exp(widen(xr[j]) - peak);
+    const acc inv = acc(1) / sum;
+    for (std::int64_t j = 0; j < n; ++j) yr[j] = narrow<T>(std::exp(widen(xr[j]) - peak) * inv);
+  }
+}
+
+// dx = y (dy - sum_j dy_j y_j) per row; dx may be dy.
+template <class T>
+void softmax_backward(const T* y, const T* dy, T* dx, std::int64_t rows, std::int64_t n) {
+  using acc = accumulator_t<T>;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const T* yr = y + r * n;
+    const T* dyr = dy + r * n;
+    acc dot = 0;
+    for (std::int64_t j = 0; j < n; ++j) dot += widen(dyr[j]) * widen(yr[j]);
+    T* dxr = dx + r * n;
+    for (std::int64_t j = 0; j < n; ++j) dxr[j] = narrow<T>(widen(yr[j]) * (widen(dyr[j]) - dot));
+  }
+}
+
+}  // namespace quintet::kernels::host_impl

@@ -1,0 +1,189 @@
+// Layer norm and softmax against naive double formulas; their backward kernels against central
+// finite differences in double; stability for rows with a large offset.
+#include "kernel_test_support.hpp"
+
+#include <quintet/kernels/layer_norm.hpp>
+#include <quintet/kernels/softmax.hpp>
+#include <quintet/tensor/fill.hpp>
+
+#include <algorithm>
+#include <cmath>
+
+using namespace kernel_test;
+using quintet::execution;
+namespace k = quintet::kernels;
+
+namespace {
+
+const std::vector<shape> shapes = {shape{1}, shape{3, 17}, shape{2, 5, 33}, shape{4, 1},
+                                   shape{2, 130}};
+
+shape without_last(const shape& s) { return shape(s.extents().first(s.rank() - 1)); }
+
+// Per row: mean, variance (population), y = (x - mean) / sqrt(var + eps) * gamma + beta.
+std::vector<double> layer_norm_reference(const std::vector<double>& x,
+                                         const std::vector<double>& gamma,
+                                         const std::vector<double>& beta, std::int64_t n,
+                                         double eps, std::vector<double>& mean,
+                                         std::vector<double>& rstd) {
+  const std::int64_t rows = static_cast<std::int64_t>(x.size()) / n;
+  std::vector<double> y(x.size());
+  mean.assign(rows, 0);
+  rstd.assign(rows, 0);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    double mu = 0, var = 0;
+    for (std::int64_t j = 0; j < n; ++j) mu += x[r * n + j] / n;
+    for (std::int64_t j = 0; j < n; ++j) var += (x[r * n + j] - mu) * (x[r * n + j] - mu) / n;
+    mean[r] = mu;
+    rstd[r] = 1 / std::sqrt(var + eps);
+    for (std::int64_t j = 0; j < n; ++j)
+      y[r * n + j] = (x[r * n + j] - mu) * rstd[r] * gamma[j] + beta[j];
+  }
+  return y;
+}
+
+std::vector<double> softmax_reference(const std::vector<double>& x, std::int64_t n) {
+  std::vector<double> y(x.size());
+  for (std::size_t r = 0; r < x.size() / n; ++r) {
+    const double peak = *std::max_element(x.begin() + r * n, x.begin() + (r + 1) * n);
+    double sum = 0;
+    for (std::int64_t j = 0; j < n; ++j) sum += std::exp(x[r * n + j] - peak);
+    for (std::int64_t j = 0; j < n; ++j) y[r * n + j] = std::exp(x[r * n + j] - peak) / sum;
+  }
+  return y;
+}
+
+}  // namespace
+
+TEST_CASE("layer_norm_forward equals the double formula, also far from zero",
+          "[kernels][layer_norm]") {
+  const execution<host> ctx;
+  std::uint64_t stream = 200;
+  for (const shape& s : shapes)
+    for (const double offset : {0.0, 1000.0}) {
+      const std::int64_t n = s[s.rank() - 1];
+      auto x = random_tensor<float>(s, ++stream, offset - 2.0, offset + 2.0);
+      auto gamma = random_tensor<float>(shape{n}, ++stream, 0.5, 1.5);
+      auto beta = random_tensor<float>(shape{n}, ++stream);
+      tensor<float, host> y(s), mean(without_last(s)), rstd(without_last(s));
+      k::layer_norm_forward(ctx, x, gamma, beta, y, mean, rstd);
+      std::vector<double> want_mean, want_rstd;
+      const auto want = layer_norm_reference(to_double(x), to_double(gamma), to_double(beta), n,
+                                             1e-5, want_mean, want_rstd);
+      INFO("shape " << s.to_string() << " offset " << offset);
+      // Rows near 1000 carry float's relative error of the inputs (6e-8 x 1000 / spread 1).
+      const double atol = offset == 0.0 ? 2e-5 : 2e-4;
+      require_close(y, want, 1e-5, atol, "y");
+      require_close(mean, want_mean, 1e-6, 1e-6, "mean");
+      require_close(rstd, want_rstd, 1e-4, 1e-4, "rstd");
+    }
+}
+
+TEST_CASE("layer_norm_backward equals finite differences of the forward", "[kernels][layer_norm]") {
+  const execution<host> ctx;
+  std::uint64_t stream = 300;
+  for (const shape& s : {shape{1, 3}, shape{3, 17}, shape{2, 2, 5}, shape{2, 1}}) {
+    const std::int64_t n = s[s.rank() - 1];
+    auto x = random_tensor<double>(s, ++stream, -2.0, 2.0);
+    auto gamma = random_tensor<double>(shape{n}, ++stream, 0.5, 1.5);
+    auto beta = random_tensor<double>(shape{n}, ++stream);
+    auto w = random_tensor<double>(s, ++stream);
+    tensor<double, host> y(s), mean(without_last(s)), rstd(without_last(s));
+    auto loss = [&] {
+      k::layer_norm_forward(ctx, x, gamma, beta, y, mean, rstd);
+      return weighted_sum(y, w);
+    };
+    const auto dx_numeric = finite_difference_gradient(x, loss);
+    const auto dgamma_numeric = finite_difference_gradient(gamma, loss);
+    const auto dbeta_numeric = finite_difference_gradient(beta, loss);
+    loss();  // mean and rstd of the unperturbed input
+    tensor<double, host> dx(s), dgamma(shape{n}), dbeta(shape{n});
+    quintet::fill(dgamma, 0.0);
+    quintet::fill(dbeta, 0.0);
+    k::layer_norm_backward(ctx, x, gamma, mean, rstd, w, dx, dgamma, dbeta);
+    INFO("shape " << s.to_string());
+    require_close(dx, dx_numeric, 1e-6, 1e-7, "dx");
+    require_close(dgamma, dgamma_numeric, 1e-6, 1e-7, "dgamma");
+    require_close(dbeta, dbeta_numeric, 1e-6, 1e-7, "dbeta");
+    // A second backward accumulates onto the parameter gradients.
+    k::layer_norm_backward(ctx, x, gamma, mean, rstd, w, dx, dgamma, dbeta);
+    std::vector<double> twice = dbeta_numeric;
+    for (double& v : twice) v *= 2;
+    require_close(dbeta, twice, 1e-6, 1e-7, "dbeta accumulated");
+  }
+}
+
+TEST_CASE("layer_norm_backward in float agrees with double", "[kernels][layer_norm]") {
+  const execution<host> ctx;
+  const shape s{9, 65};
+  auto xd = random_tensor<double>(s, 1), gd = random_tensor<double>(shape{65}, 2, 0.5, 1.5),
+       bd = random_tensor<double>(shape{65}, 3), dyd = random_tensor<double>(s, 4);
+  auto xf = from_double<float>(to_double(xd), s), gf = from_double<float>(to_double(gd), {65}),
+       bf = from_double<float>(to_double(bd), {65}), dyf = from_double<float>(to_double(dyd), s);
+  tensor<double, host> yd(s), md(shape{9}), rd(shape{9}), dxd(s), dgd(shape{65}), dbd(shape{65});
+  tensor<float, host> yf(s), mf(shape{9}), rf(shape{9}), dxf(s), dgf(shape{65}), dbf(shape{65});
+  quintet::fill(dgd, 0.0);
+  quintet::fill(dbd, 0.0);
+  quintet::fill(dgf, 0.0f);
+  quintet::fill(dbf, 0.0f);
+  k::layer_norm_forward(ctx, xd, gd, bd, yd, md, rd);
+  k::layer_norm_forward(ctx, xf, gf, bf, yf, mf, rf);
+  k::layer_norm_backward(ctx, xd, gd, md, rd, dyd, dxd, dgd, dbd);
+  k::layer_norm_backward(ctx, xf, gf, mf, rf, dyf, dxf, dgf, dbf);
+  require_close(dxf, to_double(dxd), 1e-4, 1e-5, "dx");
+  require_close(dgf, to_double(dgd), 1e-4, 1e-5, "dgamma");
+  require_close(dbf, to_double(dbd), 1e-5, 1e-5, "dbeta");
+}
+
+TEST_CASE("layer_norm rejects operands of the wrong shape", "[kernels][layer_norm][errors]") {
+  const execution<host> ctx;
+  tensor<float, host> x(shape{4, 8}), y(shape{4, 8}), gamma(shape{8}), beta(shape{7}),
+      mean(shape{4}), rstd(shape{4}), bad_stats(shape{4, 1});
+  REQUIRE_THROWS_WITH(k::layer_norm_forward(ctx, x, gamma, beta, y, mean, rstd),
+                      Catch::Contains("beta has shape (7,), expected (8,)"));
+  REQUIRE_THROWS_WITH(k::layer_norm_forward(ctx, x, gamma, gamma, y, bad_stats, rstd),
+                      Catch::Contains("mean has shape (4, 1), expected (4,)"));
+  REQUIRE_THROWS_WITH(k::layer_norm_forward(ctx, x, gamma, gamma, y, mean, rstd, 0.0),
+                      Catch::Contains("eps 0 must be positive"));
+  tensor<float, host> dx(shape{4, 9}), dbeta(shape{8});
+  REQUIRE_THROWS_WITH(k::layer_norm_backward(ctx, x, gamma, mean, rstd, y, dx, gamma, dbeta),
+                      Catch::Contains("(4, 8)") && Catch::Contains("(4, 9)"));
+}
+
+TEST_CASE("softmax_forward equals the double formula and survives huge logits",
+          "[kernels][softmax]") {
+  const execution<host> ctx;
+  std::uint64_t stream = 400;
+  for (const shape& s : shapes) {
+    auto x = random_tensor<float>(s, ++stream, -5.0, 5.0);
+    tensor<float, host> y(s);
+    k::softmax_forward(ctx, x, y);
+    require_close(y, softmax_reference(to_double(x), s[s.rank() - 1]), 1e-5, 1e-7, "softmax");
+  }
+  // exp(1000) overflows; subtracting the maximum keeps the result exact.
+  auto x = random_tensor<float>(shape{3, 17}, 7, 990.0, 1000.0);
+  tensor<float, host> y(x.shape());
+  k::softmax_forward(ctx, x, y);
+  require_close(y, softmax_reference(to_double(x), 17), 1e-4, 1e-7, "softmax of large logits");
+}
+
+TEST_CASE("softmax_backward equals finite differences of the forward", "[kernels][softmax]") {
+  const execution<host> ctx;
+  for (const shape& s : {shape{1, 1}, shape{3, 17}, shape{2, 2, 5}}) {
+    auto x = random_tensor<double>(s, 11, -3.0, 3.0);
+    auto w = random_tensor<double>(s, 12);
+    tensor<double, host> y(s);
+    auto loss = [&] {
+      k::softmax_forward(ctx, x, y);
+      return weighted_sum(y, w);
+    };
+    const auto numeric = finite_difference_gradient(x, loss);
+    loss();
+    tensor<double, host> dx(s);
+    k::softmax_backward(ctx, y, w, dx);
+    require_close(dx, numeric, 1e-6, 1e-8, "softmax dx");
+  }
+  tensor<double, host> a(shape{2, 3}), b(shape{3, 2});
+  REQUIRE_THROWS_WITH(k::softmax_forward(ctx, a, b),
+                      Catch::Contains("softmax_forward needs equal shapes"));
+}
