@@ -1,0 +1,611 @@
+// thread_comm: N ranks as threads of one process, launched by thread_world{n}.run(fn). Collectives
+// read and write peers' buffers directly through shared memory; waiting ranks yield their core.
+#pragma once
+
+#include <quintet/comm/comm_error.hpp>
+#include <quintet/comm/communicator.hpp>
+#include <quintet/comm/host_reduce.hpp>
+#include <quintet/core/error.hpp>
+#include <quintet/tensor/device.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <numeric>
+#include <span>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace quintet {
+
+namespace detail {
+
+// State every group of one thread_world shares: the timeout and the abort record. The first rank
+// to fail records itself; every wait polls `aborted` and raises comm_error naming that rank.
+struct thread_world_state {
+  std::chrono::milliseconds timeout;
+  std::atomic<bool> aborted{false};
+  std::mutex mutex;  // guards the two fields below
+  int failed_rank = -1;
+  std::string failure;
+
+  explicit thread_world_state(std::chrono::milliseconds limit) : timeout(limit) {}
+
+  // Returns true when this call recorded the first failure.
+  bool abort(int world_rank, const std::string& message) {
+    const std::lock_guard lock(mutex);
+    if (aborted.load(std::memory_order_relaxed)) return false;
+    failed_rank = world_rank;
+    failure = message;
+    aborted.store(true, std::memory_order_release);
+    return true;
+  }
+
+  [[noreturn]] void raise_aborted(int world_rank) {
+    const std::lock_guard lock(mutex);
+    throw comm_error(
+        format_message("quintet: thread_comm rank {} (world) stops: rank {} (world) "
+                       "failed: {}",
+                       world_rank, failed_rank, failure));
+  }
+};
+
+// What a rank says about the collective it has entered; the ranks compare these.
+enum class thread_collective : std::uint8_t {
+  barrier,
+  all_reduce,
+  reduce_scatter,
+  all_gather,
+  broadcast,
+  all_to_all,
+  all_to_all_v,
+  split
+};
+
+constexpr std::string_view name_of(thread_collective op) {
+  constexpr std::string_view names[] = {"barrier",   "all_reduce", "reduce_scatter", "all_gather",
+                                        "broadcast", "all_to_all", "all_to_all_v",   "split"};
+  return names[static_cast<int>(op)];
+}
+
+struct collective_entry {
+  thread_collective op = thread_collective::barrier;
+  reduce_op reduction = reduce_op::sum;
+  dtype type = dtype::f32;
+  std::int64_t count = 0;  // input elements (split: the color)
+  std::int64_t root = 0;   // broadcast root (split: the key)
+  const void* in = nullptr;
+  void* out = nullptr;
+  const std::int64_t* in_counts = nullptr;  // all_to_all_v
+  const std::int64_t* out_counts = nullptr;
+};
+
+// Messages up to this size take the one-barrier path through per-rank staging buffers.
+inline constexpr std::size_t thread_comm_small_bytes = 8192;
+
+struct alignas(64) thread_rank_slot {
+  std::atomic<std::uint64_t> arrivals{0};  // barriers this rank has entered (timeout reports)
+  // Two of each, alternating by collective: a rank may enter collective k+1 while slower peers
+  // still read its entry for collective k, never k-1 (they have all passed k's barrier).
+  collective_entry entry[2];
+  alignas(64) std::byte staging[2][thread_comm_small_bytes];
+};
+
+struct posted_send {
+  int source = 0;
+  int tag = 0;
+  comm_buffer buffer;
+  // 0 posted, 1 taken by the receiver, 2 delivered, 3 refused (size or type mismatch)
+  std::atomic<int> state{0};
+  std::int64_t receiver_count = 0;
+  dtype receiver_type = dtype::f32;
+};
+
+struct thread_mailbox {
+  std::mutex mutex;
+  std::condition_variable changed;  // a send arrived, or one of this rank's sends completed
+  std::deque<posted_send*> sends;
+};
+
+struct thread_group_state {
+  std::shared_ptr<thread_world_state> world;
+  std::vector<int> world_ranks;  // group rank -> world rank
+  std::unique_ptr<thread_rank_slot[]> slots;
+  std::unique_ptr<thread_mailbox[]> mailboxes;
+  std::vector<std::shared_ptr<thread_group_state>> split_results;  // leader -> new group
+
+  alignas(64) std::atomic<int> arrived{0};
+  alignas(64) std::atomic<std::uint64_t> generation{0};
+  std::atomic<int> sleepers{0};
+  std::mutex mutex;
+  std::condition_variable released;
+
+  thread_group_state(std::shared_ptr<thread_world_state> shared, std::vector<int> members)
+      : world(std::move(shared)),
+        world_ranks(std::move(members)),
+        slots(std::make_unique<thread_rank_slot[]>(world_ranks.size())),
+        mailboxes(std::make_unique<thread_mailbox[]>(world_ranks.size())),
+        split_results(world_ranks.size()) {}
+
+  int size() const { return static_cast<int>(world_ranks.size()); }
+};
+
+// Spin `spins` times (cheap when every rank has a core; the predicate then runs unlocked), then
+// sleep on a condition variable in short slices that poll for an abort and the deadline.
+template <class Ready, class OnTimeout>
+inline void wait_until(thread_world_state& world, std::mutex& mutex, std::condition_variable& cv,
+                       std::atomic<int>* sleepers, int world_rank, int spins, Ready ready,
+                       OnTimeout on_timeout) {
+  for (int spin = 0; spin < spins; ++spin) {
+    if (ready()) return;
+    if (spin >= 64) std::this_thread::yield();
+  }
+  const auto deadline = std::chrono::steady_clock::now() + world.timeout;
+  if (sleepers != nullptr) sleepers->fetch_add(1, std::memory_order_seq_cst);
+  struct leave {
+    std::atomic<int>* count;
+    ~leave() {
+      if (count != nullptr) count->fetch_sub(1, std::memory_order_relaxed);
+    }
+  } on_exit{sleepers};
+  std::unique_lock lock(mutex);
+  while (!ready()) {
+    if (world.aborted.load(std::memory_order_acquire)) {
+      lock.unlock();
+      world.raise_aborted(world_rank);
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) {
+      lock.unlock();
+      on_timeout();
+    }
+    cv.wait_for(lock, std::min<std::chrono::steady_clock::duration>(deadline - now,
+                                                                    std::chrono::milliseconds(5)));
+  }
+}
+
+}  // namespace detail
+
+class thread_comm : public communicator_api<thread_comm, host> {
+ public:
+  thread_comm(std::shared_ptr<detail::thread_group_state> group, int rank)
+      : group_(std::move(group)), rank_(rank) {}
+  thread_comm(thread_comm&&) noexcept = default;
+  thread_comm& operator=(thread_comm&&) noexcept = default;
+  // A copy would share the collective counter's history, not its future: ranks would diverge.
+  thread_comm(const thread_comm&) = delete;
+  thread_comm& operator=(const thread_comm&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return group_->size(); }
+  int world_rank() const { return group_->world_ranks[rank_]; }
+
+  // Collective over this communicator: ranks with the same color form a new one, ordered by
+  // (key, rank). Colors must be non-negative.
+  thread_comm split(int color, int key) {
+    QUINTET_CHECK(color >= 0, "thread_comm::split: color {} is negative", color);
+    detail::collective_entry entry;
+    entry.op = detail::thread_collective::split;
+    entry.count = color;
+    entry.root = key;
+    enter(entry);
+    const int n = size();
+    std::vector<int> members;
+    for (int j = 0; j < n; ++j) {
+      if (peer_entry(j).count == color) members.push_back(j);
+    }
+    std::stable_sort(members.begin(), members.end(),
+                     [&](int a, int b) { return peer_entry(a).root < peer_entry(b).root; });
+    const int leader = *std::min_element(members.begin(), members.end());
+    if (leader == rank_) {
+      std::vector<int> world_members;
+      for (const int member : members) world_members.push_back(group_->world_ranks[member]);
+      group_->split_results[rank_] =
+          std::make_shared<detail::thread_group_state>(group_->world, std::move(world_members));
+    }
+    arrive_and_wait("split");
+    auto group = group_->split_results[leader];
+    arrive_and_wait("split");
+    if (leader == rank_) group_->split_results[rank_].reset();
+    const int new_rank =
+        static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
+    return thread_comm(std::move(group), new_rank);
+  }
+
+ private:
+  friend class communicator_api<thread_comm, host>;
+
+  void do_barrier() {
+    detail::collective_entry entry;
+    entry.op = detail::thread_collective::barrier;
+    enter(entry);
+  }
+
+  void do_all_reduce(comm_buffer in, comm_buffer out, reduce_op op) {
+    const int n = size();
+    detail::collective_entry entry = make_entry(detail::thread_collective::all_reduce, in, out);
+    entry.reduction = op;
+    const std::size_t bytes = in.bytes();
+    if (bytes <= detail::thread_comm_small_bytes) {
+      // Low latency: stage the input, one barrier, every rank reduces all staged copies itself.
+      std::byte* staging = group_->slots[rank_].staging[sequence_ % 2];
+      if (bytes > 0) std::memcpy(staging, in.data, bytes);
+      const std::uint64_t parity = sequence_ % 2;
+      enter(entry);
+      std::vector<const void*> inputs(n);
+      for (int j = 0; j < n; ++j) inputs[j] = group_->slots[j].staging[parity];
+      void* const outputs[] = {out.data};
+      detail::reduce_buffers(in.type, inputs, outputs, 0, in.count, op);
+      return;
+    }
+    enter(entry);
+    // Each rank reduces its 1/n share, reading it from every input once and writing it to every
+    // output once: a reduce-scatter and all-gather in one pass.
+    std::vector<const void*> inputs(n);
+    std::vector<void*> outputs(n);
+    for (int j = 0; j < n; ++j) {
+      inputs[j] = peer_entry(j).in;
+      outputs[j] = peer_entry(j).out;
+    }
+    const auto [begin, end] = share_of(rank_, in.count, in.type);
+    detail::reduce_buffers(in.type, inputs, outputs, begin, end - begin, op);
+    arrive_and_wait("all_reduce");
+  }
+
+  void do_reduce_scatter(comm_buffer in, comm_buffer out, reduce_op op) {
+    const int n = size();
+    detail::collective_entry entry = make_entry(detail::thread_collective::reduce_scatter, in, out);
+    entry.reduction = op;
+    enter(entry);
+    std::vector<const void*> inputs(n);
+    for (int j = 0; j < n; ++j) inputs[j] = peer_entry(j).in;
+    // Rank r's block starts at r * count in every input; shifting the output pointer back by the
+    // same offset lets one call address both.
+    const std::int64_t offset = static_cast<std::int64_t>(rank_) * out.count;
+    void* const outputs[] = {static_cast<std::byte*>(out.data) -
+                             static_cast<std::ptrdiff_t>(offset * size_of(out.type))};
+    detail::reduce_buffers(in.type, inputs, outputs, offset, out.count, op);
+    arrive_and_wait("reduce_scatter");
+  }
+
+  void do_all_gather(comm_buffer in, comm_buffer out) {
+    enter(make_entry(detail::thread_collective::all_gather, in, out));
+    const std::size_t block = in.bytes();
+    for (int j = 0; j < size(); ++j) {
+      auto* target = static_cast<std::byte*>(out.data) + block * j;
+      if (target != peer_entry(j).in) copy_bytes(target, peer_entry(j).in, block);
+    }
+    arrive_and_wait("all_gather");
+  }
+
+  void do_broadcast(comm_buffer inout, int root) {
+    detail::collective_entry entry = make_entry(detail::thread_collective::broadcast, inout, inout);
+    entry.root = root;
+    enter(entry);
+    if (rank_ != root) copy_bytes(inout.data, peer_entry(root).in, inout.bytes());
+    arrive_and_wait("broadcast");
+  }
+
+  void do_all_to_all(comm_buffer in, comm_buffer out) {
+    enter(make_entry(detail::thread_collective::all_to_all, in, out));
+    const std::size_t block = in.bytes() / size();
+    for (int j = 0; j < size(); ++j) {
+      copy_bytes(static_cast<std::byte*>(out.data) + block * j,
+                 static_cast<const std::byte*>(peer_entry(j).in) + block * rank_, block);
+    }
+    arrive_and_wait("all_to_all");
+  }
+
+  void do_all_to_all_v(comm_buffer in, std::span<const std::int64_t> in_counts, comm_buffer out,
+                       std::span<const std::int64_t> out_counts) {
+    const int n = size();
+    detail::collective_entry entry = make_entry(detail::thread_collective::all_to_all_v, in, out);
+    entry.count = 0;  // the buffers may differ in size; the per-peer counts are compared instead
+    entry.in_counts = in_counts.data();
+    entry.out_counts = out_counts.data();
+    enter(entry);
+    // Every rank checks every pair, so all raise the same error and none reads a buffer whose
+    // owner has already left.
+    for (int receiver = 0; receiver < n; ++receiver) {
+      for (int sender = 0; sender < n; ++sender) {
+        const std::int64_t sent = peer_entry(sender).in_counts[receiver];
+        const std::int64_t expected = peer_entry(receiver).out_counts[sender];
+        if (sent != expected) {
+          throw comm_error(detail::format_message(
+              "quintet: thread_comm all_to_all_v: rank {} sends {} elements to rank {}, which "
+              "expects {}",
+              sender, sent, receiver, expected));
+        }
+      }
+    }
+    const std::size_t element = size_of(in.type);
+    std::int64_t out_offset = 0;
+    for (int j = 0; j < n; ++j) {
+      const std::int64_t* sent = peer_entry(j).in_counts;
+      const std::int64_t in_offset = std::accumulate(sent, sent + rank_, std::int64_t{0});
+      copy_bytes(static_cast<std::byte*>(out.data) + out_offset * element,
+                 static_cast<const std::byte*>(peer_entry(j).in) + in_offset * element,
+                 static_cast<std::size_t>(out_counts[j]) * element);
+      out_offset += out_counts[j];
+    }
+    arrive_and_wait("all_to_all_v");
+  }
+
+  // Sends are posted to the receivers' mailboxes first, then receives are served in order, then
+  // the sends are awaited: a batch never waits on itself. The receiver copies (rendezvous).
+  void do_exchange(std::span<const p2p_op> ops) {
+    auto& world = *group_->world;
+    if (world.aborted.load(std::memory_order_acquire)) world.raise_aborted(world_rank());
+    std::vector<std::unique_ptr<detail::posted_send>> sends;
+    std::vector<int> send_peers;
+    for (const p2p_op& op : ops) {
+      if (op.direction != p2p_op::kind::send) continue;
+      auto posted = std::make_unique<detail::posted_send>();
+      posted->source = rank_;
+      posted->tag = op.tag;
+      posted->buffer = op.buffer;
+      auto& box = group_->mailboxes[op.peer];
+      {
+        const std::lock_guard lock(box.mutex);
+        box.sends.push_back(posted.get());
+      }
+      box.changed.notify_all();
+      sends.push_back(std::move(posted));
+      send_peers.push_back(op.peer);
+    }
+    try {
+      for (const p2p_op& op : ops) {
+        if (op.direction == p2p_op::kind::recv) receive(op);
+      }
+      auto& own = group_->mailboxes[rank_];
+      for (std::size_t s = 0; s < sends.size(); ++s) {
+        detail::posted_send& posted = *sends[s];
+        detail::wait_until(
+            world, own.mutex, own.changed, nullptr, world_rank(), 256,
+            [&] { return posted.state.load(std::memory_order_acquire) >= 2; },
+            [&] {
+              fail(detail::format_message(
+                  "quintet: thread_comm send from rank {} to rank {} (tag {}) was not received "
+                  "within {} ms",
+                  rank_, send_peers[s], posted.tag, world.timeout.count()));
+            });
+        if (posted.state.load(std::memory_order_acquire) == 3) {
+          throw comm_error(detail::format_message(
+              "quintet: thread_comm send from rank {} to rank {} (tag {}): {} {} elements sent, "
+              "but the receive expects {} {} elements",
+              rank_, send_peers[s], posted.tag, posted.buffer.count, name_of(posted.buffer.type),
+              posted.receiver_count, name_of(posted.receiver_type)));
+        }
+      }
+    } catch (...) {
+      retract(sends, send_peers);
+      throw;
+    }
+  }
+
+  void receive(const p2p_op& op) {
+    auto& world = *group_->world;
+    auto& own = group_->mailboxes[rank_];
+    detail::posted_send* match = nullptr;
+    auto find = [&] {
+      for (auto it = own.sends.begin(); it != own.sends.end(); ++it) {
+        if ((*it)->source == op.peer && (*it)->tag == op.tag) {
+          match = *it;
+          own.sends.erase(it);
+          match->state.store(1, std::memory_order_relaxed);
+          return true;
+        }
+      }
+      return false;
+    };
+    // No spinning: the mailbox is only read with its lock held.
+    detail::wait_until(world, own.mutex, own.changed, nullptr, world_rank(), 0, find, [&] {
+      fail(detail::format_message(
+          "quintet: thread_comm rank {} waited {} ms for a send from rank {} (tag {}) that "
+          "never came",
+          rank_, world.timeout.count(), op.peer, op.tag));
+    });
+    const bool fits =
+        match->buffer.count == op.buffer.count && match->buffer.type == op.buffer.type;
+    if (fits) copy_bytes(op.buffer.data, match->buffer.data, op.buffer.bytes());
+    match->receiver_count = op.buffer.count;
+    match->receiver_type = op.buffer.type;
+    auto& sender_box = group_->mailboxes[op.peer];
+    {
+      const std::lock_guard lock(sender_box.mutex);
+      match->state.store(fits ? 2 : 3, std::memory_order_release);
+    }
+    sender_box.changed.notify_all();
+    if (!fits) {
+      throw comm_error(detail::format_message(
+          "quintet: thread_comm recv on rank {} from rank {} (tag {}): expects {} {} elements, "
+          "but {} {} elements were sent",
+          rank_, op.peer, op.tag, op.buffer.count, name_of(op.buffer.type), match->buffer.count,
+          name_of(match->buffer.type)));
+    }
+  }
+
+  // On failure, sends nobody has taken are withdrawn; one being copied is waited for, so no peer
+  // reads memory this rank is about to release.
+  void retract(std::vector<std::unique_ptr<detail::posted_send>>& sends,
+               const std::vector<int>& peers) {
+    for (std::size_t s = 0; s < sends.size(); ++s) {
+      auto& box = group_->mailboxes[peers[s]];
+      {
+        const std::lock_guard lock(box.mutex);
+        auto it = std::find(box.sends.begin(), box.sends.end(), sends[s].get());
+        if (it != box.sends.end()) {
+          box.sends.erase(it);
+          continue;
+        }
+      }
+      while (sends[s]->state.load(std::memory_order_acquire) == 1) std::this_thread::yield();
+    }
+  }
+
+  detail::collective_entry make_entry(detail::thread_collective op, comm_buffer in,
+                                      comm_buffer out) const {
+    detail::collective_entry entry;
+    entry.op = op;
+    entry.type = in.type;
+    entry.count = in.count;
+    entry.in = in.data;
+    entry.out = out.data;
+    return entry;
+  }
+
+  const detail::collective_entry& peer_entry(int peer) const {
+    return group_->slots[peer].entry[entered_parity_];
+  }
+
+  // Publishes this rank's entry, waits for every rank, and checks that all entered the same
+  // collective with the same element type, count and root.
+  void enter(const detail::collective_entry& entry) {
+    auto& world = *group_->world;
+    if (world.aborted.load(std::memory_order_acquire)) world.raise_aborted(world_rank());
+    entered_parity_ = sequence_ % 2;
+    ++sequence_;
+    group_->slots[rank_].entry[entered_parity_] = entry;
+    arrive_and_wait(name_of(entry.op));
+    check_agreement(entry);
+  }
+
+  void check_agreement(const detail::collective_entry& mine) const {
+    const int n = size();
+    bool agree = true;
+    for (int j = 0; j < n; ++j) {
+      const auto& other = peer_entry(j);
+      const bool same_root =
+          mine.op != detail::thread_collective::broadcast || other.root == mine.root;
+      const bool same_values = mine.op == detail::thread_collective::split ||
+                               (other.count == mine.count && other.type == mine.type &&
+                                other.reduction == mine.reduction && same_root);
+      agree = agree && other.op == mine.op && same_values;
+    }
+    if (agree) return;
+    std::string ranks;
+    for (int j = 0; j < n; ++j) {
+      const auto& other = peer_entry(j);
+      ranks += detail::format_message("{}rank {}: {} of {} {} elements", j == 0 ? "" : "; ", j,
+                                      name_of(other.op), other.count, name_of(other.type));
+      if (other.op == detail::thread_collective::broadcast) {
+        ranks += detail::format_message(" from root {}", other.root);
+      }
+      if (other.op == detail::thread_collective::all_reduce ||
+          other.op == detail::thread_collective::reduce_scatter) {
+        ranks += detail::format_message(" ({})", name_of(other.reduction));
+      }
+    }
+    throw comm_error("quintet: thread_comm ranks disagree about the collective: " + ranks);
+  }
+
+  void arrive_and_wait(std::string_view what) {
+    auto& group = *group_;
+    const int n = group.size();
+    const std::uint64_t arrivals =
+        group.slots[rank_].arrivals.fetch_add(1, std::memory_order_relaxed) + 1;
+    const std::uint64_t generation = group.generation.load(std::memory_order_acquire);
+    if (group.arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == n) {
+      group.arrived.store(0, std::memory_order_relaxed);
+      group.generation.store(generation + 1, std::memory_order_seq_cst);
+      if (group.sleepers.load(std::memory_order_seq_cst) > 0) {
+        { const std::lock_guard lock(group.mutex); }
+        group.released.notify_all();
+      }
+      return;
+    }
+    detail::wait_until(
+        *group.world, group.mutex, group.released, &group.sleepers, world_rank(), 256,
+        [&] { return group.generation.load(std::memory_order_acquire) != generation; },
+        [&] {
+          std::string missing;
+          for (int j = 0; j < n; ++j) {
+            if (group.slots[j].arrivals.load(std::memory_order_relaxed) < arrivals) {
+              missing += detail::format_message("{}{} (world {})", missing.empty() ? "" : ", ", j,
+                                                group.world_ranks[j]);
+            }
+          }
+          fail(detail::format_message(
+              "quintet: thread_comm {} timed out after {} ms on rank {}: ranks {} did not arrive",
+              what, group.world->timeout.count(), rank_, missing));
+        });
+  }
+
+  // Splits [0, count) into n shares on 64-byte boundaries, so ranks never write the same line.
+  std::pair<std::int64_t, std::int64_t> share_of(int rank, std::int64_t count, dtype type) const {
+    const std::int64_t align = std::max<std::int64_t>(1, 64 / std::int64_t(size_of(type)));
+    const std::int64_t blocks = (count + align - 1) / align;
+    const int n = size();
+    auto boundary = [&](int r) { return std::min(count, blocks * r / n * align); };
+    return {boundary(rank), boundary(rank + 1)};
+  }
+
+  static void copy_bytes(void* target, const void* source, std::size_t bytes) {
+    if (bytes > 0) std::memcpy(target, source, bytes);
+  }
+
+  [[noreturn]] void fail(const std::string& message) {
+    group_->world->abort(world_rank(), message);
+    throw comm_error(message);
+  }
+
+  std::shared_ptr<detail::thread_group_state> group_;
+  int rank_ = 0;
+  std::uint64_t sequence_ = 0;  // collectives entered on this communicator
+  std::uint64_t entered_parity_ = 0;
+};
+
+// thread_world{n}.run(fn): runs fn(thread_comm&) on n ranks, each a thread (rank 0 is the calling
+// thread), and rethrows the error of the first rank that failed. A failure aborts every rank's
+// communicators; `timeout` bounds every wait, turning a hang into comm_error.
+struct thread_world {
+  int size = 1;
+  std::chrono::milliseconds timeout{60000};
+
+  template <class Fn>
+  void run(Fn&& fn) const {
+    QUINTET_CHECK(size >= 1, "thread_world needs at least one rank, got {}", size);
+    QUINTET_CHECK(timeout.count() > 0, "thread_world timeout must be positive, got {} ms",
+                  timeout.count());
+    auto world = std::make_shared<detail::thread_world_state>(timeout);
+    std::vector<int> members(size);
+    std::iota(members.begin(), members.end(), 0);
+    auto group = std::make_shared<detail::thread_group_state>(world, std::move(members));
+    std::vector<std::exception_ptr> errors(size);
+    auto body = [&](int rank) {
+      try {
+        thread_comm comm(group, rank);
+        fn(comm);
+      } catch (const std::exception& failure) {
+        errors[rank] = std::current_exception();
+        world->abort(rank, failure.what());
+      } catch (...) {
+        errors[rank] = std::current_exception();
+        world->abort(rank, "an exception not derived from std::exception");
+      }
+    };
+    std::vector<std::thread> threads;
+    threads.reserve(size - 1);
+    for (int rank = 1; rank < size; ++rank) threads.emplace_back(body, rank);
+    body(0);
+    for (auto& thread : threads) thread.join();
+    if (world->aborted.load(std::memory_order_acquire)) {
+      const int first = world->failed_rank;
+      if (errors[first]) std::rethrow_exception(errors[first]);
+      throw comm_error("quintet: thread_world rank " + std::to_string(first) +
+                       " failed: " + world->failure);
+    }
+  }
+};
+
+}  // namespace quintet
