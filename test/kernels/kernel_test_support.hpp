@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <quintet/kernels/accumulator.hpp>
+#include <quintet/tensor/fill.hpp>
 #include <quintet/tensor/random.hpp>
 #include <quintet/tensor/tensor.hpp>
 
