@@ -4,6 +4,7 @@
 
 #include "gradient_check.hpp"
 
+#include <quintet/nn/layer_norm.hpp>
 #include <quintet/nn/linear.hpp>
 #include <quintet/nn/mlp.hpp>
 
@@ -66,5 +67,20 @@ TEST_CASE("mlp backward matches finite differences", "[nn][mlp]") {
         registry, x,
         [&](auto& ctx, const host_tensor& input) { return block.forward(ctx, input.view()); },
         [&](auto& ctx, const host_tensor& dy) { return block.backward(ctx, dy.view()); });
+  }
+}
+
+TEST_CASE("layer_norm backward matches finite differences", "[nn][layer_norm]") {
+  for (const auto& input_shape : {shape{3, 5}, shape{2, 3, 8}, shape{1, 1}}) {
+    quintet::nn::parameter_registry<double, host> registry(13);
+    const std::int64_t n = input_shape[input_shape.rank() - 1];
+    quintet::nn::layer_norm<double, host> norm(registry, exec, "ln", n);
+    for (auto& p : registry) quintet::fill_normal(p.value, {.seed = 5, .stream = 6}, 1.0, 0.5);
+    host_tensor x(input_shape);
+    quintet::fill_normal(x, {.seed = 4, .stream = 4}, 0.3, 2.0);
+    quintet::test::check_gradients(
+        registry, x,
+        [&](auto& ctx, const host_tensor& input) { return norm.forward(ctx, input.view()); },
+        [&](auto& ctx, const host_tensor& dy) { return norm.backward(ctx, dy.view()); });
   }
 }
