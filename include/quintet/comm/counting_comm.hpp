@@ -1,0 +1,261 @@
+// counting_comm<Comm>: forwards every operation to another communicator and records, per axis
+// label and per operation, how many calls were made and how many bytes they moved, so tests can
+// hold a parallel strategy's traffic to the published formulas.
+#pragma once
+
+#include <quintet/comm/communicator.hpp>
+#include <quintet/core/dtype.hpp>
+#include <quintet/tensor/device.hpp>
+#include <quintet/tensor/tensor_view.hpp>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <numeric>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace quintet {
+
+enum class comm_operation : std::uint8_t {
+  all_reduce,
+  reduce_scatter,
+  all_gather,
+  broadcast,
+  all_to_all,
+  all_to_all_v,
+  send,
+  recv,
+  barrier,
+  split
+};
+
+constexpr std::string_view name_of(comm_operation op) {
+  constexpr std::string_view names[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast",
+                                        "all_to_all", "all_to_all_v",   "send",       "recv",
+                                        "barrier",    "split"};
+  return names[static_cast<int>(op)];
+}
+
+// What one rank's calls of one operation on one axis added up to.
+//   bytes      the data size S as nccl-tests counts it (the numerator of algbw): the buffer for
+//              all_reduce and broadcast; the whole array (size x block) for reduce_scatter,
+//              all_gather and all_to_all; the bytes this rank sends for all_to_all_v and send,
+//              receives for recv.
+//   bus_bytes  S times the nccl-tests bus factor: what each rank puts on the wire in a
+//              bandwidth-optimal (ring) algorithm. 2(n-1)/n all_reduce; (n-1)/n reduce_scatter,
+//              all_gather, all_to_all; 1 broadcast, send, recv; all_to_all_v: the bytes sent to
+//              other ranks exactly.
+struct comm_tally {
+  std::int64_t calls = 0;
+  std::int64_t bytes = 0;
+  double bus_bytes = 0;
+
+  comm_tally& operator+=(const comm_tally& other) {
+    calls += other.calls;
+    bytes += other.bytes;
+    bus_bytes += other.bus_bytes;
+    return *this;
+  }
+  friend bool operator==(const comm_tally&, const comm_tally&) = default;
+};
+
+// The records of one rank (or of several counting_comms that share it), keyed by axis label and
+// operation. Thread-safe, so one ledger may be shared across threads too.
+class comm_ledger {
+ public:
+  void record(std::string_view axis, comm_operation op, std::int64_t bytes, double bus_bytes) {
+    const std::lock_guard lock(mutex_);
+    comm_tally& tally = tallies_[{std::string(axis), op}];
+    tally += comm_tally{1, bytes, bus_bytes};
+  }
+
+  comm_tally tally(std::string_view axis, comm_operation op) const {
+    const std::lock_guard lock(mutex_);
+    const auto found = tallies_.find({std::string(axis), op});
+    return found == tallies_.end() ? comm_tally{} : found->second;
+  }
+
+  // Every axis's calls of `op`.
+  comm_tally total(comm_operation op) const {
+    const std::lock_guard lock(mutex_);
+    comm_tally sum;
+    for (const auto& [key, tally] : tallies_) {
+      if (key.second == op) sum += tally;
+    }
+    return sum;
+  }
+
+  // Every operation on `axis`.
+  comm_tally axis_total(std::string_view axis) const {
+    const std::lock_guard lock(mutex_);
+    comm_tally sum;
+    for (const auto& [key, tally] : tallies_) {
+      if (key.first == axis) sum += tally;
+    }
+    return sum;
+  }
+
+  std::map<std::pair<std::string, comm_operation>, comm_tally> tallies() const {
+    const std::lock_guard lock(mutex_);
+    return tallies_;
+  }
+
+  void clear() {
+    const std::lock_guard lock(mutex_);
+    tallies_.clear();
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<std::pair<std::string, comm_operation>, comm_tally> tallies_;
+};
+
+namespace detail {
+
+// A contiguous view of a raw buffer with its element type restored; calls fn(view).
+template <class Device, bool Writable, class Fn>
+void with_typed_view(const comm_buffer& buffer, Fn&& fn) {
+  auto make = [&]<class T>(T*) {
+    using element = std::conditional_t<Writable, T, const T>;
+    typename Device::stream_type stream{};
+    if constexpr (std::same_as<Device, cuda>) stream.handle = buffer.stream;
+    const quintet::shape extents{buffer.count};
+    fn(tensor_view<element, Device>(static_cast<element*>(buffer.data), extents,
+                                    extents.row_major_strides(), buffer.device_index, stream));
+  };
+  switch (buffer.type) {
+    case dtype::f32:
+      return make(static_cast<float*>(nullptr));
+    case dtype::f64:
+      return make(static_cast<double*>(nullptr));
+    case dtype::bf16:
+      return make(static_cast<bf16*>(nullptr));
+    case dtype::f16:
+      return make(static_cast<half*>(nullptr));
+    case dtype::i32:
+      return make(static_cast<std::int32_t*>(nullptr));
+    case dtype::i64:
+      return make(static_cast<std::int64_t*>(nullptr));
+  }
+}
+
+template <class Device, class Fn>
+void with_typed_views(const comm_buffer& in, const comm_buffer& out, Fn&& fn) {
+  with_typed_view<Device, false>(in, [&](auto input) {
+    using T = typename decltype(input)::value_type;
+    const quintet::shape extents{out.count};
+    typename Device::stream_type stream{};
+    if constexpr (std::same_as<Device, cuda>) stream.handle = out.stream;
+    fn(input, tensor_view<T, Device>(static_cast<T*>(out.data), extents,
+                                     extents.row_major_strides(), out.device_index, stream));
+  });
+}
+
+}  // namespace detail
+
+template <communicator Comm>
+class counting_comm : public communicator_api<counting_comm<Comm>, typename Comm::device_type> {
+  using device = typename Comm::device_type;
+
+ public:
+  explicit counting_comm(Comm inner, std::string axis = "world",
+                         std::shared_ptr<comm_ledger> ledger = std::make_shared<comm_ledger>())
+      : inner_(std::move(inner)), axis_(std::move(axis)), ledger_(std::move(ledger)) {}
+
+  int rank() const { return inner_.rank(); }
+  int size() const { return inner_.size(); }
+
+  Comm& inner() { return inner_; }
+  comm_ledger& ledger() { return *ledger_; }
+  const std::shared_ptr<comm_ledger>& shared_ledger() const { return ledger_; }
+  const std::string& axis_label() const { return axis_; }
+  // device_mesh names each axis's communicator through this.
+  void set_axis_label(std::string_view axis) { axis_ = std::string(axis); }
+
+  // The new communicator records into the same ledger, under this one's label until relabelled.
+  counting_comm split(int color, int key) {
+    ledger_->record(axis_, comm_operation::split, 0, 0);
+    return counting_comm(inner_.split(color, key), axis_, ledger_);
+  }
+
+ private:
+  friend class communicator_api<counting_comm<Comm>, device>;
+
+  double factor(double numerator) const { return numerator * (size() - 1) / size(); }
+
+  void do_all_reduce(comm_buffer in, comm_buffer out, reduce_op op) {
+    const auto bytes = static_cast<std::int64_t>(in.bytes());
+    ledger_->record(axis_, comm_operation::all_reduce, bytes, factor(2.0 * bytes));
+    if (in.data == out.data) {
+      detail::with_typed_view<device, true>(out, [&](auto inout) { inner_.all_reduce(inout, op); });
+    } else {
+      detail::with_typed_views<device>(
+          in, out, [&](auto input, auto output) { inner_.all_reduce(input, output, op); });
+    }
+  }
+
+  void do_reduce_scatter(comm_buffer in, comm_buffer out, reduce_op op) {
+    const auto bytes = static_cast<std::int64_t>(in.bytes());
+    ledger_->record(axis_, comm_operation::reduce_scatter, bytes, factor(bytes));
+    detail::with_typed_views<device>(
+        in, out, [&](auto input, auto output) { inner_.reduce_scatter(input, output, op); });
+  }
+
+  void do_all_gather(comm_buffer in, comm_buffer out) {
+    const auto bytes = static_cast<std::int64_t>(out.bytes());
+    ledger_->record(axis_, comm_operation::all_gather, bytes, factor(bytes));
+    detail::with_typed_views<device>(
+        in, out, [&](auto input, auto output) { inner_.all_gather(input, output); });
+  }
+
+  void do_broadcast(comm_buffer inout, int root) {
+    const auto bytes = static_cast<std::int64_t>(inout.bytes());
+    ledger_->record(axis_, comm_operation::broadcast, bytes, static_cast<double>(bytes));
+    detail::with_typed_view<device, true>(inout,
+                                          [&](auto buffer) { inner_.broadcast(buffer, root); });
+  }
+
+  void do_all_to_all(comm_buffer in, comm_buffer out) {
+    const auto bytes = static_cast<std::int64_t>(in.bytes());
+    ledger_->record(axis_, comm_operation::all_to_all, bytes, factor(bytes));
+    detail::with_typed_views<device>(
+        in, out, [&](auto input, auto output) { inner_.all_to_all(input, output); });
+  }
+
+  void do_all_to_all_v(comm_buffer in, std::span<const std::int64_t> in_counts, comm_buffer out,
+                       std::span<const std::int64_t> out_counts) {
+    const auto element = static_cast<std::int64_t>(size_of(in.type));
+    const std::int64_t sent =
+        std::accumulate(in_counts.begin(), in_counts.end(), std::int64_t{0}) * element;
+    const std::int64_t to_self = in_counts[rank()] * element;
+    ledger_->record(axis_, comm_operation::all_to_all_v, sent, static_cast<double>(sent - to_self));
+    detail::with_typed_views<device>(in, out, [&](auto input, auto output) {
+      inner_.all_to_all_v(input, in_counts, output, out_counts);
+    });
+  }
+
+  void do_exchange(std::span<const p2p_op> ops) {
+    for (const p2p_op& op : ops) {
+      const auto bytes = static_cast<std::int64_t>(op.buffer.bytes());
+      const bool is_send = op.direction == p2p_op::kind::send;
+      ledger_->record(axis_, is_send ? comm_operation::send : comm_operation::recv, bytes,
+                      static_cast<double>(bytes));
+    }
+    inner_.exchange(ops);
+  }
+
+  void do_barrier() {
+    ledger_->record(axis_, comm_operation::barrier, 0, 0);
+    inner_.barrier();
+  }
+
+  Comm inner_;
+  std::string axis_;
+  std::shared_ptr<comm_ledger> ledger_;
+};
+
+}  // namespace quintet
