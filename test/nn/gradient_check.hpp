@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 namespace quintet::test {
 
@@ -34,23 +35,23 @@ inline void require_close(double analytic, double numeric, double tolerance,
   REQUIRE(std::abs(analytic - numeric) <= tolerance * scale);
 }
 
-// `forward(ctx, x)` returns the layer output; `backward(ctx, dy)` returns dx. Every element of x
-// and of every parameter in `registry` is perturbed by +-step.
+// L = sum(forward(ctx) * r): every element of every parameter in `registry`, and of `input` when
+// given, is perturbed by +-step; backward(ctx, r) must accumulate the parameter gradients and
+// return dL/dinput (anything, when there is no input).
 template <class Forward, class Backward>
-void check_gradients(quintet::nn::parameter_registry<double, quintet::host>& registry,
-                     host_tensor& x, Forward forward, Backward backward, double step = 1e-6,
-                     double tolerance = 1e-6) {
+void check_gradients_of(quintet::nn::parameter_registry<double, quintet::host>& registry,
+                        host_tensor* input, Forward forward, Backward backward, double step,
+                        double tolerance) {
   quintet::nn::context<quintet::host> ctx;
-  const host_tensor y = forward(ctx, x);
+  const host_tensor y = forward(ctx);
   host_tensor upstream(y.shape());
   quintet::fill_normal(upstream, {.seed = 77, .stream = 1}, 0.0, 1.0);
   registry.zero_grad();
-  const host_tensor dx = backward(ctx, upstream);
-  REQUIRE(dx.shape() == x.shape());
+  const auto dx = backward(ctx, upstream);
 
   const auto loss = [&] {
     quintet::nn::context<quintet::host> fresh;
-    return dot(forward(fresh, x), upstream);
+    return dot(forward(fresh), upstream);
   };
   const auto central_difference = [&](double& value) {
     const double saved = value;
@@ -61,14 +62,27 @@ void check_gradients(quintet::nn::parameter_registry<double, quintet::host>& reg
     value = saved;
     return (plus - minus) / (2 * step);
   };
-  for (std::int64_t i = 0; i < x.numel(); ++i)
-    require_close(dx.data()[i], central_difference(x.data()[i]), tolerance,
-                  "dx[" + std::to_string(i) + "]");
+  if constexpr (std::is_same_v<std::remove_cvref_t<decltype(dx)>, host_tensor>) {
+    REQUIRE(input != nullptr);
+    REQUIRE(dx.shape() == input->shape());
+    for (std::int64_t i = 0; i < input->numel(); ++i)
+      require_close(dx.data()[i], central_difference(input->data()[i]), tolerance,
+                    "dx[" + std::to_string(i) + "]");
+  }
   for (auto& p : registry) {
     for (std::int64_t i = 0; i < p.value.numel(); ++i)
       require_close(p.grad.data()[i], central_difference(p.value.data()[i]), tolerance,
                     "d" + p.name + "[" + std::to_string(i) + "]");
   }
+}
+
+// A layer of one floating-point input: forward(ctx, x) -> y, backward(ctx, dy) -> dx.
+template <class Forward, class Backward>
+void check_gradients(quintet::nn::parameter_registry<double, quintet::host>& registry,
+                     host_tensor& x, Forward forward, Backward backward, double step = 1e-6,
+                     double tolerance = 1e-6) {
+  check_gradients_of(
+      registry, &x, [&](auto& ctx) { return forward(ctx, x); }, backward, step, tolerance);
 }
 
 }  // namespace quintet::test

@@ -1,0 +1,89 @@
+// causal_self_attention: one fused projection to q, k, v (d -> 3d), causal multi-head attention,
+// and an output projection (d -> d). q, k and v are column slices of the fused projection, so
+// neither direction transposes or copies them.
+//
+//   qkv (batch, seq, 3d):  [ q: heads x head_dim | k: heads x head_dim | v: heads x head_dim ]
+#pragma once
+
+#include <quintet/core/error.hpp>
+#include <quintet/kernels/accumulator.hpp>
+#include <quintet/kernels/attention.hpp>
+#include <quintet/kernels/execution.hpp>
+#include <quintet/nn/context.hpp>
+#include <quintet/nn/linear.hpp>
+#include <quintet/nn/parameter.hpp>
+#include <quintet/tensor/copy.hpp>
+#include <quintet/tensor/slice.hpp>
+#include <quintet/tensor/tensor.hpp>
+
+#include <cstdint>
+#include <string>
+
+namespace quintet::nn {
+
+template <class T, class Device>
+class causal_self_attention {
+  using stat_type = kernels::accumulator_t<T>;
+
+ public:
+  causal_self_attention(parameter_registry<T, Device>& registry, const execution<Device>& exec,
+                        std::string name, std::int64_t d_model, std::int64_t heads,
+                        double init_stddev = 0.02, double proj_init_stddev = 0.02)
+      : exec_(exec),
+        name_(std::move(name)),
+        d_model_(d_model),
+        heads_(heads),
+        qkv_(registry, exec, name_ + ".qkv", d_model, 3 * d_model, {.init_stddev = init_stddev}),
+        proj_(registry, exec, name_ + ".proj", d_model, d_model,
+              {.init_stddev = proj_init_stddev}) {
+    QUINTET_CHECK(heads > 0 && d_model % heads == 0,
+                  "attention '{}': {} heads do not divide d_model {}", name_, heads, d_model);
+  }
+  causal_self_attention(parameter_registry<T, Device>&, const execution<Device>&&, std::string,
+                        std::int64_t, std::int64_t, double = 0.02, double = 0.02) = delete;
+
+  // x (batch, seq, d) -> y (batch, seq, d)
+  quintet::tensor<T, Device> forward(context<Device>& ctx, tensor_view<const T, Device> x) {
+    QUINTET_CHECK(x.rank() == 3 && x.shape()[2] == d_model_,
+                  "attention '{}': input has shape {}, expected (batch, seq, {})", name_, x.shape(),
+                  d_model_);
+    const std::int64_t batch = x.shape()[0], seq = x.shape()[1];
+    auto& qkv = ctx.template save<T>(name_ + ".qkv_output", shape{batch, seq, 3 * d_model_});
+    {
+      quintet::tensor<T, Device> projected = qkv_.forward(ctx, x);  // (batch, seq, 3d)
+      copy(qkv, projected);
+    }
+    auto& out = ctx.template save<T>(name_ + ".attention_output", shape{batch, seq, d_model_});
+    auto& lse = ctx.template save<stat_type>(name_ + ".lse", shape{batch, heads_, seq});
+    kernels::attention_forward(exec_, part(qkv, 0), part(qkv, 1), part(qkv, 2), out, lse, heads_);
+    return proj_.forward(ctx, out.view());
+  }
+
+  // dy (batch, seq, d) -> dx (batch, seq, d)
+  quintet::tensor<T, Device> backward(context<Device>& ctx, tensor_view<const T, Device> dy) {
+    const quintet::tensor<T, Device> dout = proj_.backward(ctx, dy);  // (batch, seq, d)
+    auto& qkv = ctx.template get<T>(name_ + ".qkv_output");
+    const auto& out = ctx.template get<T>(name_ + ".attention_output");
+    const auto& lse = ctx.template get<stat_type>(name_ + ".lse");
+    quintet::tensor<T, Device> dqkv(qkv.shape());  // (batch, seq, 3d)
+    kernels::attention_backward(exec_, part(qkv, 0), part(qkv, 1), part(qkv, 2), out, lse, dout,
+                                part(dqkv, 0), part(dqkv, 1), part(dqkv, 2), heads_);
+    return qkv_.backward(ctx, dqkv.view());
+  }
+
+  std::int64_t heads() const { return heads_; }
+
+ private:
+  // q (0), k (1) or v (2): a (batch, seq, d) column slice of the fused (batch, seq, 3d) tensor.
+  tensor_view<T, Device> part(quintet::tensor<T, Device>& fused, int which) const {
+    return chunk(fused, 2, 3, which);
+  }
+
+  const execution<Device>& exec_;
+  std::string name_;
+  std::int64_t d_model_, heads_;
+  linear<T, Device> qkv_;
+  linear<T, Device> proj_;
+};
+
+}  // namespace quintet::nn
