@@ -2,10 +2,9 @@
 // maps onto OpenBLAS, whose thread count is one process-wide setting.
 #pragma once
 
-#if !defined(QUINTET_WITH_BLAS)
-#error \
-    "<quintet/kernels/host/blas.hpp> needs QUINTET_WITH_BLAS (link quintet::quintet with BLAS on)"
-#endif
+// Without QUINTET_WITH_BLAS (no CBLAS found) this header declares nothing, so that it still
+// compiles on its own; host/matmul.hpp then uses the portable kernel.
+#if defined(QUINTET_WITH_BLAS)
 
 #include <cblas.h>
 
@@ -53,3 +52,5 @@ inline void gemm_blas(bool transpose_a, bool transpose_b, std::int64_t m, std::i
 }
 
 }  // namespace quintet::kernels::host_impl
+
+#endif  // QUINTET_WITH_BLAS
