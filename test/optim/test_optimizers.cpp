@@ -1,0 +1,141 @@
+// AdamW and SGD over a parameter registry against straightforward double-precision references,
+// weight decay only on matrices, and global-norm clipping.
+#include <catch2/catch.hpp>
+
+#include <quintet/optim/adamw.hpp>
+#include <quintet/optim/gradient_norm.hpp>
+#include <quintet/optim/sgd.hpp>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+using quintet::host;
+using quintet::shape;
+using quintet::nn::initializer;
+using quintet::nn::parameter_registry;
+
+namespace {
+
+const quintet::execution<host> exec;
+
+// Two parameters, a matrix and a vector, with random values and gradients.
+void make_parameters(parameter_registry<double, host>& registry) {
+  registry.add("fc.weight", shape{3, 4}, initializer::normal(1.0));
+  registry.add("fc.bias", shape{3}, initializer::normal(1.0));
+}
+
+void random_gradients(parameter_registry<double, host>& registry, std::uint64_t step) {
+  for (auto& p : registry)
+    quintet::fill_normal(p.grad, {.seed = step, .stream = quintet::rng_stream_for(p.name)}, 0.0, 1.0);
+}
+
+}  // namespace
+
+TEST_CASE("AdamW matches the reference update, decaying only matrices", "[optim][adamw]") {
+  parameter_registry<double, host> registry(3);
+  make_parameters(registry);
+  const quintet::kernels::adamw_hyperparameters hp{.lr = 0.1, .beta1 = 0.8, .beta2 = 0.95,
+                                                    .eps = 1e-8, .weight_decay = 0.3};
+  quintet::optim::adamw<double, host> optimizer(registry, exec, hp);
+
+  // Reference state, element by element.
+  std::vector<std::vector<double>> value, m, v;
+  for (auto& p : registry) {
+    value.emplace_back(p.value.data(), p.value.data() + p.value.numel());
+    m.emplace_back(p.value.numel(), 0.0);
+    v.emplace_back(p.value.numel(), 0.0);
+  }
+  const double lrs[] = {0.1, 0.05, 0.02};
+  const double scales[] = {1.0, 0.5, 1.0};
+  for (int t = 1; t <= 3; ++t) {
+    random_gradients(registry, t);
+    std::size_t i = 0;
+    for (auto& p : registry) {
+      const double decay = p.global_shape.rank() >= 2 ? hp.weight_decay : 0.0;
+      for (std::int64_t e = 0; e < p.value.numel(); ++e) {
+        const double g = scales[t - 1] * p.grad.data()[e];
+        m[i][e] = hp.beta1 * m[i][e] + (1 - hp.beta1) * g;
+        v[i][e] = hp.beta2 * v[i][e] + (1 - hp.beta2) * g * g;
+        const double m_hat = m[i][e] / (1 - std::pow(hp.beta1, t));
+        const double v_hat = v[i][e] / (1 - std::pow(hp.beta2, t));
+        value[i][e] -= lrs[t - 1] * (m_hat / (std::sqrt(v_hat) + hp.eps) + decay * value[i][e]);
+      }
+      ++i;
+    }
+    optimizer.step(lrs[t - 1], scales[t - 1]);
+    i = 0;
+    for (auto& p : registry) {
+      for (std::int64_t e = 0; e < p.value.numel(); ++e)
+        REQUIRE(p.value.data()[e] == Approx(value[i][e]).epsilon(1e-12));
+      ++i;
+    }
+  }
+  CHECK(optimizer.steps() == 3);
+}
+
+TEST_CASE("SGD with momentum matches the reference update", "[optim][sgd]") {
+  parameter_registry<double, host> registry(4);
+  make_parameters(registry);
+  const quintet::kernels::sgd_hyperparameters hp{.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01};
+  quintet::optim::sgd<double, host> optimizer(registry, exec, hp);
+  std::vector<std::vector<double>> value, buffer;
+  for (auto& p : registry) {
+    value.emplace_back(p.value.data(), p.value.data() + p.value.numel());
+    buffer.emplace_back(p.value.numel(), 0.0);
+  }
+  for (int t = 1; t <= 3; ++t) {
+    random_gradients(registry, 10 + t);
+    std::size_t i = 0;
+    for (auto& p : registry) {
+      for (std::int64_t e = 0; e < p.value.numel(); ++e) {
+        const double g = p.grad.data()[e] + hp.weight_decay * value[i][e];
+        buffer[i][e] = hp.momentum * buffer[i][e] + g;
+        value[i][e] -= hp.lr * buffer[i][e];
+      }
+      ++i;
+    }
+    optimizer.step(hp.lr);
+    i = 0;
+    for (auto& p : registry) {
+      for (std::int64_t e = 0; e < p.value.numel(); ++e)
+        REQUIRE(p.value.data()[e] == Approx(value[i][e]).epsilon(1e-12));
+      ++i;
+    }
+  }
+}
+
+TEST_CASE("the global gradient norm counts every element once and clipping scales to it",
+          "[optim][clip]") {
+  parameter_registry<double, host> registry(5);
+  make_parameters(registry);
+  random_gradients(registry, 1);
+  double squares = 0;
+  for (auto& p : registry)
+    for (std::int64_t e = 0; e < p.grad.numel(); ++e) squares += p.grad.data()[e] * p.grad.data()[e];
+  const double norm = quintet::optim::global_gradient_norm(exec, registry);
+  CHECK(norm == Approx(std::sqrt(squares)).epsilon(1e-14));
+  CHECK(quintet::optim::clip_factor(norm, norm * 2) == 1.0);
+  CHECK(quintet::optim::clip_factor(norm, norm / 4) == Approx(0.25));
+  CHECK(quintet::optim::clip_factor(norm, 0.0) == 1.0);  // clipping off
+  REQUIRE_THROWS_WITH(quintet::optim::clip_factor(std::numeric_limits<double>::quiet_NaN(), 1.0),
+                      Catch::Contains("gradient norm is nan"));
+}
+
+TEST_CASE("the global gradient norm refuses sharded parameters", "[optim][clip]") {
+  quintet::parallel::mesh_position position{};
+  position[static_cast<int>(quintet::parallel::mesh_axis::tp)] = {.degree = 2, .coordinate = 0};
+  parameter_registry<double, host> registry(5, position);
+  registry.add("w", shape{4, 2}, initializer::normal(1.0),
+               quintet::parallel::placement::replicated().sharded(quintet::parallel::mesh_axis::tp, 0));
+  REQUIRE_THROWS_WITH(quintet::optim::global_gradient_norm(exec, registry),
+                      Catch::Contains("parameter 'w' is sharded"));
+}
+
+TEST_CASE("optimizers reject bad hyperparameters", "[optim]") {
+  parameter_registry<float, host> registry(1);
+  REQUIRE_THROWS_WITH((quintet::optim::adamw<float, host>(registry, exec, {.beta1 = 1.0})),
+                      Catch::Contains("betas (1, 0.999) must lie in [0, 1)"));
+  REQUIRE_THROWS_WITH((quintet::optim::sgd<float, host>(registry, exec, {.momentum = -0.5})),
+                      Catch::Contains("momentum -0.5 must lie in [0, 1)"));
+}
