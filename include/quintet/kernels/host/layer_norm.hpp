@@ -4,6 +4,7 @@
 #pragma once
 
 #include <quintet/kernels/accumulator.hpp>
+#include <quintet/kernels/host/lane_sum.hpp>
 
 #include <cmath>
 #include <cstdint>
@@ -20,14 +21,12 @@ void layer_norm_forward(const T* x, const T* gamma, const T* beta, T* y, Acc* me
     // Sum x - x[0] rather than x: for a row far from zero the differences are small and exact,
     // so the mean keeps the precision that a plain float sum of large values loses.
     const Acc shift = widen(xr[0]);
-    Acc sum = 0;
-    for (std::int64_t j = 0; j < n; ++j) sum += widen(xr[j]) - shift;
+    const Acc sum = lane_sum<Acc>(n, [&](std::int64_t j) { return widen(xr[j]) - shift; });
     const Acc mu = shift + sum / static_cast<Acc>(n);
-    Acc squares = 0;
-    for (std::int64_t j = 0; j < n; ++j) {
+    const Acc squares = lane_sum<Acc>(n, [&](std::int64_t j) {
       const Acc d = widen(xr[j]) - mu;
-      squares += d * d;
-    }
+      return d * d;
+    });
     const Acc inv = Acc(1) / std::sqrt(squares / static_cast<Acc>(n) + eps);
     T* yr = y + r * n;
     for (std::int64_t j = 0; j < n; ++j)
@@ -38,8 +37,8 @@ void layer_norm_forward(const T* x, const T* gamma, const T* beta, T* y, Acc* me
 }
 
 // With xhat = (x - mean) rstd and g = dy gamma, per row:
-//   dx = rstd (g - mean(g) - xhat mean(g xhat)),  dgamma += sum_rows dy xhat,  dbeta += sum_rows
-//   dy.
+//   dx = rstd (g - mean(g) - xhat mean(g xhat));
+// over all rows: dgamma += sum dy xhat, dbeta += sum dy.
 template <class T, class Acc = accumulator_t<T>>
 void layer_norm_backward(const T* x, const T* gamma, const Acc* mean, const Acc* rstd, const T* dy,
                          T* dx, T* dgamma, T* dbeta, std::int64_t rows, std::int64_t n) {
@@ -49,14 +48,14 @@ void layer_norm_backward(const T* x, const T* gamma, const Acc* mean, const Acc*
     const T* xr = x + r * n;
     const T* dyr = dy + r * n;
     const Acc mu = mean[r], inv = rstd[r];
-    Acc g_sum = 0, g_xhat_sum = 0;
+    const Acc g_sum =
+        lane_sum<Acc>(n, [&](std::int64_t j) { return widen(dyr[j]) * widen(gamma[j]); });
+    const Acc g_xhat_sum = lane_sum<Acc>(n, [&](std::int64_t j) {
+      return widen(dyr[j]) * widen(gamma[j]) * (widen(xr[j]) - mu) * inv;
+    });
     for (std::int64_t j = 0; j < n; ++j) {
-      const Acc xhat = (widen(xr[j]) - mu) * inv;
       const Acc d = widen(dyr[j]);
-      const Acc g = d * widen(gamma[j]);
-      g_sum += g;
-      g_xhat_sum += g * xhat;
-      gamma_sum[j] += d * xhat;
+      gamma_sum[j] += d * (widen(xr[j]) - mu) * inv;
       beta_sum[j] += d;
     }
     const Acc g_mean = g_sum / static_cast<Acc>(n), g_xhat_mean = g_xhat_sum / static_cast<Acc>(n);

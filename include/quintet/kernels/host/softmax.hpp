@@ -3,11 +3,13 @@
 #pragma once
 
 #include <quintet/kernels/accumulator.hpp>
+#include <quintet/kernels/host/lane_sum.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 namespace quintet::kernels::host_impl {
 
@@ -15,15 +17,15 @@ namespace quintet::kernels::host_impl {
 template <class T>
 void softmax_forward(const T* x, T* y, std::int64_t rows, std::int64_t n) {
   using acc = accumulator_t<T>;
+  std::vector<acc> e(static_cast<std::size_t>(n));  // exp(x - max), evaluated once per element
   for (std::int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * n;
     T* yr = y + r * n;
     acc peak = -std::numeric_limits<acc>::infinity();
     for (std::int64_t j = 0; j < n; ++j) peak = std::max(peak, widen(xr[j]));
-    acc sum = 0;
-    for (std::int64_t j = 0; j < n; ++j) sum += std::exp(widen(xr[j]) - peak);
-    const acc inv = acc(1) / sum;
-    for (std::int64_t j = 0; j < n; ++j) yr[j] = narrow<T>(std::exp(widen(xr[j]) - peak) * inv);
+    for (std::int64_t j = 0; j < n; ++j) e[j] = std::exp(widen(xr[j]) - peak);
+    const acc inv = acc(1) / lane_sum<acc>(n, [&](std::int64_t j) { return e[j]; });
+    for (std::int64_t j = 0; j < n; ++j) yr[j] = narrow<T>(e[j] * inv);
   }
 }
 
@@ -34,8 +36,7 @@ void softmax_backward(const T* y, const T* dy, T* dx, std::int64_t rows, std::in
   for (std::int64_t r = 0; r < rows; ++r) {
     const T* yr = y + r * n;
     const T* dyr = dy + r * n;
-    acc dot = 0;
-    for (std::int64_t j = 0; j < n; ++j) dot += widen(dyr[j]) * widen(yr[j]);
+    const acc dot = lane_sum<acc>(n, [&](std::int64_t j) { return widen(dyr[j]) * widen(yr[j]); });
     T* dxr = dx + r * n;
     for (std::int64_t j = 0; j < n; ++j) dxr[j] = narrow<T>(widen(yr[j]) * (widen(dyr[j]) - dot));
   }

@@ -1,0 +1,228 @@
+// Kernel benchmarks, each with its reference measured in the same run:
+//   matmul      quintet's host matmul (CBLAS path) vs cblas_sgemm called directly, same threads
+//               and operands: GFLOP/s of both and their ratio; the portable blocked kernel vs
+//               single-threaded OpenBLAS: GFLOP/s and its fraction.
+//   layer norm, softmax   GB/s (bytes read + written) vs memcpy of the same array.
+// Results are checked against OpenBLAS outside the timed loops.
+#include <benchmark/benchmark.h>
+
+#include <quintet/kernels/execution.hpp>
+#include <quintet/kernels/layer_norm.hpp>
+#include <quintet/kernels/matmul.hpp>
+#include <quintet/kernels/softmax.hpp>
+#include <quintet/tensor/fill.hpp>
+#include <quintet/tensor/random.hpp>
+#include <quintet/tensor/tensor.hpp>
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+using quintet::execution;
+using quintet::host;
+using quintet::shape;
+using quintet::tensor;
+namespace k = quintet::kernels;
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+struct gemm_operands {
+  std::int64_t m, n, k;
+  bool transpose_b;
+  tensor<float, host> a, b, c, reference;
+};
+
+// A (m, k), B (k, n) or (n, k) when transpose_b (a linear layer's weight), C (m, n).
+gemm_operands make_operands(std::int64_t m, std::int64_t n, std::int64_t kk, bool transpose_b) {
+  gemm_operands g{m,
+                  n,
+                  kk,
+                  transpose_b,
+                  tensor<float, host>(shape{m, kk}),
+                  tensor<float, host>(transpose_b ? shape{n, kk} : shape{kk, n}),
+                  tensor<float, host>(shape{m, n}),
+                  tensor<float, host>(shape{m, n})};
+  quintet::fill_uniform(g.a, {.seed = 1, .stream = 1}, -1.0, 1.0);
+  quintet::fill_uniform(g.b, {.seed = 1, .stream = 2}, -1.0, 1.0);
+  quintet::fill(g.c, 0.0f);
+  quintet::fill(g.reference, 0.0f);
+  return g;
+}
+
+void openblas_sgemm(gemm_operands& g, float* c) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, g.transpose_b ? CblasTrans : CblasNoTrans,
+              static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k), 1.0f, g.a.data(),
+              static_cast<int>(g.k), g.b.data(), static_cast<int>(g.transpose_b ? g.k : g.n), 0.0f,
+              c, static_cast<int>(g.n));
+}
+
+// Outside the timed region: quintet's product equals OpenBLAS's to float rounding.
+void check_against_openblas(benchmark::State& state, gemm_operands& g) {
+  openblas_sgemm(g, g.reference.data());
+  double worst = 0;
+  for (std::int64_t i = 0; i < g.c.numel(); ++i)
+    worst = std::max(worst, static_cast<double>(std::abs(g.c.data()[i] - g.reference.data()[i])));
+  // Each entry sums k products of magnitude <= 1: float rounding stays below 1e-6 k.
+  if (!(worst <= 1e-6 * static_cast<double>(g.k)))
+    state.SkipWithError(("result differs from OpenBLAS by " + std::to_string(worst)).c_str());
+}
+
+double gflop(const gemm_operands& g) { return 2.0 * g.m * g.n * g.k / 1e9; }
+
+// Times `ours` and `reference` alternately, one call each per iteration, so that both see the
+// same machine state (a shared machine's load changes over seconds). The iteration time Google
+// Benchmark reports is ours; the ratio compares the fastest call of each, the figure least
+// disturbed by other processes.
+template <class Ours, class Reference>
+void interleaved(benchmark::State& state, Ours&& ours, Reference&& reference, double& best_ours,
+                 double& best_reference) {
+  ours();
+  reference();  // warm-up, untimed
+  best_ours = best_reference = 1e30;
+  for (auto _ : state) {
+    const auto t0 = clock_type::now();
+    ours();
+    const auto t1 = clock_type::now();
+    reference();
+    const auto t2 = clock_type::now();
+    const double ours_seconds = std::chrono::duration<double>(t1 - t0).count();
+    best_ours = std::min(best_ours, ours_seconds);
+    best_reference = std::min(best_reference, std::chrono::duration<double>(t2 - t1).count());
+    state.SetIterationTime(ours_seconds);
+  }
+}
+
+// Arguments: m, n, k, transpose_b. quintet's matmul with every core vs cblas_sgemm, same threads.
+void matmul_vs_openblas(benchmark::State& state) {
+  auto g = make_operands(state.range(0), state.range(1), state.range(2), state.range(3) != 0);
+  const auto ctx = execution<host>::all_cores();
+  const k::matmul_options options{.transpose_b = g.transpose_b};
+  double ours = 0, reference = 0;
+  interleaved(
+      state, [&] { k::matmul(ctx, g.a, g.b, g.c, options); },  // sets OpenBLAS's thread count
+      [&] { openblas_sgemm(g, g.reference.data()); }, ours, reference);
+  check_against_openblas(state, g);
+  state.counters["GFLOP/s"] = gflop(g) / ours;
+  state.counters["openblas_GFLOP/s"] = gflop(g) / reference;
+  state.counters["ratio"] = reference / ours;
+  state.counters["threads"] = ctx.threads();
+}
+
+// Arguments: m, n, k, transpose_b. The portable kernel (single-threaded) vs OpenBLAS on one thread.
+void matmul_portable_vs_openblas(benchmark::State& state) {
+  auto g = make_operands(state.range(0), state.range(1), state.range(2), state.range(3) != 0);
+  const execution<host> ctx(1);
+  const k::matmul_options options{.transpose_b = g.transpose_b};
+  k::matmul(ctx, g.a, g.b, g.c, options);  // OpenBLAS on one thread from here on
+  double ours = 0, reference = 0;
+  interleaved(
+      state, [&] { k::matmul_portable(ctx, g.a, g.b, g.c, options); },
+      [&] { openblas_sgemm(g, g.reference.data()); }, ours, reference);
+  check_against_openblas(state, g);
+  state.counters["GFLOP/s"] = gflop(g) / ours;
+  state.counters["openblas_1t_GFLOP/s"] = gflop(g) / reference;
+  state.counters["fraction"] = reference / ours;
+}
+
+void matmul_arguments(benchmark::internal::Benchmark* b) {
+  for (const std::int64_t n : {256, 512, 1024, 2048}) b->Args({n, n, n, 0});
+  // A linear layer: x (batch 8 x seq 256, 768) times W (3072, 768) transposed.
+  b->Args({2048, 3072, 768, 1});
+  b->Unit(benchmark::kMillisecond)->UseManualTime();
+}
+
+// Bytes read plus written by a row kernel that moves `arrays` (rows, n) float arrays, against
+// memcpy of one such array (which reads and writes it: two arrays), timed in the same benchmark.
+template <class Kernel>
+void row_kernel_vs_memcpy(benchmark::State& state, Kernel&& kernel, const tensor<float, host>& x,
+                          double arrays = 2.0) {
+  const double bytes = arrays * static_cast<double>(x.bytes());
+  const double memcpy_bytes = 2.0 * static_cast<double>(x.bytes());
+  tensor<float, host> copy(x.shape());  // memcpy's own target: y holds the kernel's result
+  quintet::fill(copy, 0.0f);
+  double ours = 0, reference = 0;
+  interleaved(
+      state, kernel,
+      [&] {
+        std::memcpy(copy.data(), x.data(), x.bytes());
+        benchmark::ClobberMemory();
+      },
+      ours, reference);
+  state.counters["GB/s"] = bytes / ours / 1e9;
+  state.counters["memcpy_GB/s"] = memcpy_bytes / reference / 1e9;
+  state.counters["fraction"] = (bytes / ours) / (memcpy_bytes / reference);
+}
+
+void layer_norm_forward(benchmark::State& state) {
+  const std::int64_t rows = state.range(0), n = state.range(1);
+  const execution<host> ctx;
+  tensor<float, host> x(shape{rows, n}), y(shape{rows, n}), gamma(shape{n}), beta(shape{n}),
+      mean(shape{rows}), rstd(shape{rows});
+  quintet::fill_uniform(x, {.seed = 2, .stream = 1}, -1.0, 1.0);
+  quintet::fill(gamma, 1.0f);
+  quintet::fill(beta, 0.0f);
+  quintet::fill(y, 0.0f);
+  row_kernel_vs_memcpy(
+      state, [&] { k::layer_norm_forward(ctx, x, gamma, beta, y, mean, rstd); }, x);
+  // Outside timing: every row of y has mean ~0 (gamma 1, beta 0).
+  double row_mean = 0;
+  for (std::int64_t j = 0; j < n; ++j) row_mean += y.data()[j];
+  if (!(std::abs(row_mean / static_cast<double>(n)) < 1e-4))
+    state.SkipWithError("layer norm output row does not have mean 0");
+}
+
+void layer_norm_backward(benchmark::State& state) {
+  const std::int64_t rows = state.range(0), n = state.range(1);
+  const execution<host> ctx;
+  tensor<float, host> x(shape{rows, n}), dy(shape{rows, n}), dx(shape{rows, n}), y(shape{rows, n}),
+      gamma(shape{n}), beta(shape{n}), dgamma(shape{n}), dbeta(shape{n}), mean(shape{rows}),
+      rstd(shape{rows});
+  quintet::fill_uniform(x, {.seed = 2, .stream = 1}, -1.0, 1.0);
+  quintet::fill_uniform(dy, {.seed = 2, .stream = 2}, -1.0, 1.0);
+  quintet::fill(gamma, 1.0f);
+  quintet::fill(beta, 0.0f);
+  quintet::fill(dgamma, 0.0f);
+  quintet::fill(dbeta, 0.0f);
+  quintet::fill(dx, 0.0f);
+  k::layer_norm_forward(ctx, x, gamma, beta, y, mean, rstd);
+  // Reads x and dy, writes dx: three arrays.
+  row_kernel_vs_memcpy(
+      state, [&] { k::layer_norm_backward(ctx, x, gamma, mean, rstd, dy, dx, dgamma, dbeta); }, x,
+      3.0);
+}
+
+void softmax_forward(benchmark::State& state) {
+  const std::int64_t rows = state.range(0), n = state.range(1);
+  const execution<host> ctx;
+  tensor<float, host> x(shape{rows, n}), y(shape{rows, n});
+  quintet::fill_uniform(x, {.seed = 3, .stream = 1}, -4.0, 4.0);
+  quintet::fill(y, 0.0f);
+  row_kernel_vs_memcpy(
+      state, [&] { k::softmax_forward(ctx, x, y); }, x);
+  double row_sum = 0;
+  for (std::int64_t j = 0; j < n; ++j) row_sum += y.data()[j];
+  if (!(std::abs(row_sum - 1.0) < 1e-4)) state.SkipWithError("softmax row does not sum to 1");
+}
+
+void row_arguments(benchmark::internal::Benchmark* b) {
+  b->Args({8192, 768})->Args({2048, 4096})->Args({1024, 50304});
+  b->Unit(benchmark::kMillisecond)->UseManualTime();
+}
+
+}  // namespace
+
+BENCHMARK(matmul_vs_openblas)->Apply(matmul_arguments);
+BENCHMARK(matmul_portable_vs_openblas)->Apply(matmul_arguments);
+BENCHMARK(layer_norm_forward)->Apply(row_arguments);
+BENCHMARK(layer_norm_backward)->Apply(row_arguments);
+BENCHMARK(softmax_forward)->Apply(row_arguments);
+
+BENCHMARK_MAIN();
