@@ -1,0 +1,197 @@
+// Example 2, the main job: train a small GPT on the host, on a synthetic order-k Markov corpus
+// whose entropy rate (the best loss any model can reach) is known exactly, or on any file (--data).
+//
+//   train_gpt --steps 600 --report run.json
+//
+// Prints a progress line every --log-every steps (loss, the source's floor, tokens/s, ms/step) and
+// a summary; --report writes the configuration and the loss of every step as JSON.
+#include <quintet/data/byte_corpus.hpp>
+#include <quintet/data/markov_source.hpp>
+#include <quintet/train/json_writer.hpp>
+#include <quintet/train/trainer.hpp>
+
+#include <fmt/format.h>
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct program_options {
+  quintet::nn::gpt_config model{.vocab = 0, .max_seq = 0, .layers = 2, .d_model = 64, .heads = 4};
+  quintet::train::training_options training{.steps = 600};
+  quintet::markov_config source{.vocab = 32, .order = 2, .successors = 4, .seed = 0};
+  std::string data_path;
+  std::string report_path;
+  std::int64_t log_every = 50;
+  int threads = 0;  // 0: every core
+};
+
+// The loss the summary reports: the mean over the last tenth of the run (at least one step), so
+// one noisy batch does not decide it.
+double final_loss(const std::vector<quintet::train::step_metrics>& history) {
+  const std::size_t window = std::max<std::size_t>(1, history.size() / 10);
+  double sum = 0.0;
+  for (std::size_t i = history.size() - window; i < history.size(); ++i) sum += history[i].loss;
+  return sum / static_cast<double>(window);
+}
+
+void write_report(const std::string& path, const program_options& options,
+                  const std::optional<double>& floor,
+                  const std::vector<quintet::train::step_metrics>& history) {
+  quintet::train::json_writer json;
+  const auto& m = options.model;
+  const auto& t = options.training;
+  json.begin_object();
+  json.key("model")
+      .begin_object()
+      .member("vocab", m.vocab)
+      .member("max_seq", m.max_seq)
+      .member("layers", m.layers)
+      .member("d_model", m.d_model)
+      .member("heads", m.heads)
+      .member("mlp_hidden", m.hidden())
+      .member("tie_weights", m.tie_weights)
+      .end_object();
+  json.key("training")
+      .begin_object()
+      .member("steps", t.steps)
+      .member("batch", t.batch)
+      .member("seq", t.seq)
+      .member("micro_batches", t.micro_batches)
+      .member("lr", t.lr)
+      .member("min_lr", t.min_lr)
+      .member("warmup_steps", t.warmup_steps)
+      .member("weight_decay", t.weight_decay)
+      .member("clip_norm", t.clip_norm)
+      .member("seed", static_cast<std::int64_t>(t.seed))
+      .end_object();
+  json.key("data").begin_object();
+  if (options.data_path.empty()) {
+    json.member("source", "markov")
+        .member("vocab", options.source.vocab)
+        .member("order", options.source.order)
+        .member("successors", options.source.successors);
+  } else {
+    json.member("source", "bytes").member("path", options.data_path);
+  }
+  json.key("entropy_floor");
+  floor ? json.value(*floor) : json.null();
+  json.end_object();
+  json.key("loss").begin_array();
+  for (const auto& s : history) json.value(s.loss);
+  json.end_array();
+  json.member("final_loss", final_loss(history));
+  json.end_object();
+  std::ofstream out(path);
+  QUINTET_CHECK(out.is_open(), "cannot open report file '{}' for writing", path);
+  out << json.str() << '\n';
+  QUINTET_CHECK(out.good(), "writing report file '{}' failed", path);
+}
+
+template <class Source>
+int train(const Source& source, program_options options) {
+  options.model.vocab = source.vocab_size();
+  options.model.max_seq = options.training.seq;
+  const quintet::execution<quintet::host> exec =
+      options.threads == 0 ? quintet::execution<quintet::host>::all_cores()
+                           : quintet::execution<quintet::host>(options.threads);
+  quintet::train::trainer<float, Source> trainer(source, options.model, options.training, exec);
+  const std::optional<double> floor = source.entropy_floor(options.training.seq);
+  const auto& t = options.training;
+  fmt::print("quintet train_gpt: {} parameters, {} layers, d_model {}, {} heads, vocab {}\n",
+             trainer.parameters().global_numel(), options.model.layers, options.model.d_model,
+             options.model.heads, options.model.vocab);
+  fmt::print("  batch {} x seq {} ({} micro-batches), {} steps, lr {} -> {}, {} host threads\n",
+             t.batch, t.seq, t.micro_batches, t.steps, t.lr, t.min_lr, exec.threads());
+  if (floor) fmt::print("  entropy floor of the source: {:.4f} nats/token\n", *floor);
+
+  std::vector<quintet::train::step_metrics> history;
+  double seconds = 0.0;
+  std::int64_t tokens = 0;
+  for (std::int64_t s = 0; s < t.steps; ++s) {
+    history.push_back(trainer.train_step());
+    const auto& m = history.back();
+    seconds += m.seconds;
+    tokens += m.tokens;
+    if (m.step % options.log_every == 0 || m.step + 1 == t.steps) {
+      fmt::print(
+          "step {:5d}  loss {:.4f}  floor {}  gap {}  |g| {:.3f}  lr {:.2e}  {:.0f} tok/s  {:.1f} "
+          "ms/step\n",
+          m.step, m.loss, floor ? fmt::format("{:.4f}", *floor) : "n/a",
+          floor ? fmt::format("{:+.4f}", m.loss - *floor) : "n/a", m.gradient_norm, m.lr,
+          static_cast<double>(m.tokens) / m.seconds, 1e3 * m.seconds);
+      std::fflush(stdout);
+    }
+  }
+  const double loss = final_loss(history);
+  fmt::print("summary: final loss {:.4f} (mean of the last {} steps)", loss,
+             std::max<std::size_t>(1, history.size() / 10));
+  if (floor) fmt::print(", entropy floor {:.4f}, gap {:.4f} nats", *floor, loss - *floor);
+  fmt::print("; {} steps in {:.1f} s, {:.0f} tokens/s\n", t.steps, seconds,
+             static_cast<double>(tokens) / seconds);
+  if (!options.report_path.empty()) {
+    write_report(options.report_path, options, floor, history);
+    fmt::print("report written to {}\n", options.report_path);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  program_options options;
+  auto& m = options.model;
+  auto& t = options.training;
+  CLI::App app{"Train a small GPT with quintet on the host."};
+  app.add_option("--steps", t.steps, "training steps")->capture_default_str();
+  app.add_option("--layers", m.layers, "transformer blocks")->capture_default_str();
+  app.add_option("--d-model", m.d_model, "model width")->capture_default_str();
+  app.add_option("--heads", m.heads, "attention heads (must divide --d-model)")
+      ->capture_default_str();
+  app.add_option("--vocab", options.source.vocab, "vocabulary of the synthetic source")
+      ->capture_default_str();
+  app.add_option("--order", options.source.order, "order k of the synthetic Markov source")
+      ->capture_default_str();
+  app.add_option("--successors", options.source.successors, "next tokens each context allows")
+      ->capture_default_str();
+  app.add_option("--seq", t.seq, "sequence length")->capture_default_str();
+  app.add_option("--batch", t.batch, "sequences per step (global batch)")->capture_default_str();
+  app.add_option("--micro-batches", t.micro_batches, "micro-batches the batch is split into")
+      ->capture_default_str();
+  app.add_option("--lr", t.lr, "peak learning rate")->capture_default_str();
+  app.add_option("--min-lr", t.min_lr, "learning rate at the end of the cosine decay")
+      ->capture_default_str();
+  app.add_option("--warmup", t.warmup_steps, "linear warm-up steps")->capture_default_str();
+  app.add_option("--weight-decay", t.weight_decay, "AdamW weight decay (matrices only)")
+      ->capture_default_str();
+  app.add_option("--clip", t.clip_norm, "global gradient-norm clip (0: off)")
+      ->capture_default_str();
+  app.add_option("--seed", t.seed, "seed of the data, the initialisation and everything random")
+      ->capture_default_str();
+  app.add_option("--data", options.data_path,
+                 "train on the bytes of this file instead of the synthetic source");
+  app.add_option("--report", options.report_path,
+                 "write the configuration and every step's loss as JSON");
+  app.add_option("--log-every", options.log_every, "steps between progress lines")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--threads", options.threads,
+                 "host threads for the matrix products (0: every core)")
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    options.source.seed = t.seed;
+    if (!options.data_path.empty())
+      return train(quintet::byte_corpus::from_file(options.data_path, t.seed), options);
+    return train(quintet::markov_source(options.source), options);
+  } catch (const quintet::error& e) {
+    fmt::print(stderr, "train_gpt: {}\n", e.what());
+    return 1;
+  }
+}

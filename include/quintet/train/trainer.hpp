@@ -1,0 +1,133 @@
+// trainer: the training loop of a GPT on one rank — global batches from a token source split into
+// micro-batches whose gradients accumulate, the mean loss, global-norm clipping, AdamW with a
+// cosine schedule, and a stop naming the step when the loss stops being a number.
+#pragma once
+
+#include <quintet/core/error.hpp>
+#include <quintet/data/token_batch.hpp>
+#include <quintet/data/token_source.hpp>
+#include <quintet/kernels/execution.hpp>
+#include <quintet/nn/context.hpp>
+#include <quintet/nn/gpt.hpp>
+#include <quintet/nn/parameter.hpp>
+#include <quintet/optim/adamw.hpp>
+#include <quintet/optim/gradient_norm.hpp>
+#include <quintet/optim/lr_schedule.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace quintet::train {
+
+struct training_options {
+  std::int64_t steps = 1000;
+  std::int64_t batch = 16;  // sequences per step (the global batch)
+  std::int64_t seq = 64;
+  std::int64_t micro_batches = 1;
+  double lr = 3e-3;
+  double min_lr = 3e-4;
+  std::int64_t warmup_steps = 50;
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double clip_norm = 1.0;  // <= 0: no clipping
+  std::uint64_t seed = 1234;
+
+  void validate() const {
+    QUINTET_CHECK(steps >= 1, "training: {} steps, need at least 1", steps);
+    QUINTET_CHECK(batch >= 1 && seq >= 1, "training: batch {} and seq {} must be positive", batch,
+                  seq);
+    QUINTET_CHECK(micro_batches >= 1 && batch % micro_batches == 0,
+                  "training: a batch of {} sequences does not split into {} micro-batches", batch,
+                  micro_batches);
+    QUINTET_CHECK(warmup_steps >= 0 && warmup_steps <= steps,
+                  "training: {} warm-up steps exceed the {} steps of the run", warmup_steps, steps);
+  }
+};
+
+struct step_metrics {
+  std::int64_t step = 0;
+  double loss = 0.0;           // mean cross-entropy over the global batch, nats/token
+  double gradient_norm = 0.0;  // before clipping
+  double lr = 0.0;
+  double seconds = 0.0;     // wall time of the step
+  std::int64_t tokens = 0;  // targets in the global batch
+};
+
+template <class T, class Source>
+requires token_source<Source>
+class trainer {
+ public:
+  trainer(const Source& source, const nn::gpt_config& model, const training_options& options,
+          const execution<host>& exec)
+      : source_(source),
+        options_((options.validate(), options)),
+        exec_(exec),
+        registry_(options.seed),
+        model_(registry_, exec_, model),
+        optimizer_(registry_, exec_,
+                   {.lr = options.lr,
+                    .beta1 = options.beta1,
+                    .beta2 = options.beta2,
+                    .eps = 1e-8,
+                    .weight_decay = options.weight_decay}),
+        schedule_(options.lr, options.min_lr, options.warmup_steps, options.steps) {
+    QUINTET_CHECK(model.vocab >= source.vocab_size(),
+                  "training: the model's vocabulary ({}) is smaller than the data's ({})",
+                  model.vocab, source.vocab_size());
+    QUINTET_CHECK(options.seq <= model.max_seq,
+                  "training: sequence length {} exceeds the model's position table ({})",
+                  options.seq, model.max_seq);
+  }
+  trainer(const Source&, const nn::gpt_config&, const training_options&,
+          const execution<host>&&) = delete;
+
+  // Runs the next step; throws quintet::error naming the step if its loss is NaN or infinite.
+  step_metrics train_step() {
+    const auto start = std::chrono::steady_clock::now();
+    const std::int64_t step = next_step_;
+    std::vector<token_batch> micro;
+    micro.reserve(static_cast<std::size_t>(options_.micro_batches));
+    std::int64_t tokens = 0;
+    for (std::int64_t i = 0; i < options_.micro_batches; ++i) {
+      micro.push_back(source_.batch(
+          step, split_rows({0, options_.batch}, options_.micro_batches, i), options_.seq));
+      tokens += micro.back().targets.numel();
+    }
+    // Every micro-batch's backward takes d(mean)/d(its loss sum) = 1 / (targets in the batch), so
+    // the accumulated gradient is that of the global mean, however the batch is split.
+    registry_.zero_grad();
+    double loss_sum = 0.0;
+    for (auto& batch : micro) {
+      nn::context<host> ctx;
+      loss_sum += model_.forward(ctx, batch.inputs.view(), batch.targets.view()).loss_sum;
+      model_.backward(ctx, 1.0 / static_cast<double>(tokens));
+    }
+    const double loss = loss_sum / static_cast<double>(tokens);
+    QUINTET_CHECK(std::isfinite(loss), "training stopped at step {}: the loss is {}", step, loss);
+    const double norm = optim::global_gradient_norm(exec_, registry_);
+    const double lr = schedule_(step);
+    optimizer_.step(lr, optim::clip_factor(norm, options_.clip_norm));
+    ++next_step_;
+    const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
+    return {step, loss, norm, lr, elapsed.count(), tokens};
+  }
+
+  std::int64_t next_step() const { return next_step_; }
+  nn::parameter_registry<T, host>& parameters() { return registry_; }
+  const training_options& options() const { return options_; }
+
+ private:
+  const Source& source_;
+  training_options options_;
+  const execution<host>& exec_;
+  nn::parameter_registry<T, host> registry_;
+  nn::gpt<T, host> model_;
+  optim::adamw<T, host> optimizer_;
+  optim::cosine_schedule schedule_;
+  std::int64_t next_step_ = 0;
+};
+
+}  // namespace quintet::train

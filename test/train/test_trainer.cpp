@@ -1,0 +1,112 @@
+// The training loop: it learns (the loss reaches the entropy floor of a small Markov source), it is
+// deterministic, splitting the batch into micro-batches does not change the step, and a loss that
+// stops being a number stops training with an error naming the step.
+#include <catch2/catch.hpp>
+
+#include <quintet/data/markov_source.hpp>
+#include <quintet/train/trainer.hpp>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+using quintet::host;
+using quintet::train::trainer;
+using quintet::train::training_options;
+
+namespace {
+
+const quintet::execution<host> exec;
+
+const quintet::nn::gpt_config tiny_model{
+    .vocab = 8, .max_seq = 16, .layers = 1, .d_model = 16, .heads = 2};
+
+}  // namespace
+
+TEST_CASE("a short run comes within 0.1 nats of the entropy floor", "[train][learning]") {
+  // Order 1, 8 tokens, 2 successors each: the floor is at most log 2 = 0.69 nats and the
+  // initial loss is log 8 = 2.08, so the model has ~1.4 nats to learn in a few seconds.
+  const quintet::markov_source source({.vocab = 8, .order = 1, .successors = 2, .seed = 5});
+  const training_options options{.steps = 150,
+                                 .batch = 8,
+                                 .seq = 16,
+                                 .lr = 1e-2,
+                                 .min_lr = 1e-3,
+                                 .warmup_steps = 10,
+                                 .seed = 5};
+  trainer<float, quintet::markov_source> run(source, tiny_model, options, exec);
+  std::vector<double> losses;
+  for (int s = 0; s < options.steps; ++s) losses.push_back(run.train_step().loss);
+  const double floor = *source.entropy_floor(options.seq);
+  double last = 0;
+  for (int s = 130; s < 150; ++s) last += losses[s] / 20;
+  INFO("floor " << floor << ", first loss " << losses.front() << ", mean of the last 20 " << last);
+  CHECK(losses.front() > floor + 1.0);
+  CHECK(last < floor + 0.1);
+  CHECK(last > floor - 0.1);  // no model beats the floor by more than batch noise
+}
+
+TEST_CASE("the same seed gives bit-identical losses", "[train][determinism]") {
+  const quintet::markov_source source({.vocab = 8, .order = 1, .successors = 2, .seed = 9});
+  const training_options options{.steps = 6, .batch = 4, .seq = 8, .warmup_steps = 2, .seed = 9};
+  trainer<float, quintet::markov_source> first(source, tiny_model, options, exec);
+  trainer<float, quintet::markov_source> second(source, tiny_model, options, exec);
+  for (int s = 0; s < options.steps; ++s) {
+    const double a = first.train_step().loss, b = second.train_step().loss;
+    REQUIRE(a == b);
+  }
+  training_options other_seed = options;
+  other_seed.seed = 10;
+  trainer<float, quintet::markov_source> third(source, tiny_model, other_seed, exec);
+  CHECK(
+      third.train_step().loss !=
+      trainer<float, quintet::markov_source>(source, tiny_model, options, exec).train_step().loss);
+}
+
+TEST_CASE("micro-batches accumulate to the same step as the whole batch",
+          "[train][micro_batches]") {
+  const quintet::markov_source source({.vocab = 8, .order = 1, .successors = 3, .seed = 2});
+  training_options whole{.steps = 4, .batch = 8, .seq = 8, .warmup_steps = 1, .seed = 2};
+  training_options split = whole;
+  split.micro_batches = 4;
+  trainer<double, quintet::markov_source> a(source, tiny_model, whole, exec);
+  trainer<double, quintet::markov_source> b(source, tiny_model, split, exec);
+  for (int s = 0; s < whole.steps; ++s) {
+    const auto ma = a.train_step(), mb = b.train_step();
+    REQUIRE(ma.loss == Approx(mb.loss).epsilon(1e-12));
+    REQUIRE(ma.gradient_norm == Approx(mb.gradient_norm).epsilon(1e-10));
+  }
+  auto pa = a.parameters().begin();
+  for (auto& pb : b.parameters()) {
+    for (std::int64_t i = 0; i < pb.value.numel(); ++i)
+      REQUIRE(pb.value.data()[i] == Approx(pa->value.data()[i]).epsilon(1e-9).margin(1e-12));
+    ++pa;
+  }
+}
+
+TEST_CASE("a non-finite loss stops training with an error naming the step", "[train][nan]") {
+  const quintet::markov_source source({.vocab = 8, .order = 1, .successors = 2, .seed = 1});
+  trainer<float, quintet::markov_source> run(
+      source, tiny_model, {.steps = 5, .batch = 2, .seq = 4, .warmup_steps = 1}, exec);
+  run.train_step();
+  run.train_step();
+  run.parameters().find("final_norm.weight").value.data()[0] =
+      std::numeric_limits<float>::quiet_NaN();
+  REQUIRE_THROWS_WITH(run.train_step(),
+                      Catch::Contains("training stopped at step 2: the loss is nan"));
+}
+
+TEST_CASE("bad training configurations are rejected naming the values", "[train]") {
+  const quintet::markov_source source({.vocab = 8, .order = 1, .successors = 2, .seed = 1});
+  using run = trainer<float, quintet::markov_source>;
+  REQUIRE_THROWS_WITH(
+      run(source, tiny_model, {.batch = 6, .micro_batches = 4}, exec),
+      Catch::Contains("a batch of 6 sequences does not split into 4 micro-batches"));
+  REQUIRE_THROWS_WITH(
+      run(source, tiny_model, {.seq = 32}, exec),
+      Catch::Contains("sequence length 32 exceeds the model's position table (16)"));
+  quintet::nn::gpt_config small_vocab = tiny_model;
+  small_vocab.vocab = 4;
+  REQUIRE_THROWS_WITH(run(source, small_vocab, {.seq = 8}, exec),
+                      Catch::Contains("model's vocabulary (4) is smaller than the data's (8)"));
+}
