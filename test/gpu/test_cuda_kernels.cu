@@ -1,0 +1,159 @@
+// The CUDA twins against the host kernels on the same random operands: the cuBLASLt matmul (fp32
+// and bf16; transposes, batches, a shared B, beta) and the CUB layer norm forward and backward.
+#include <catch2/catch.hpp>
+
+#include <quintet/kernels/cuda/layer_norm.cuh>
+#include <quintet/kernels/cuda/matmul.cuh>
+#include <quintet/kernels/cuda_execution.hpp>
+#include <quintet/kernels/layer_norm.hpp>
+#include <quintet/kernels/matmul.hpp>
+#include <quintet/tensor/copy.hpp>
+#include <quintet/tensor/cuda/fill.cuh>
+#include <quintet/tensor/cuda_memory.hpp>
+#include <quintet/tensor/fill.hpp>
+#include <quintet/tensor/random.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+using device = quintet::cuda;  // not `cuda`: CCCL declares a global namespace of that name
+using quintet::execution;
+using quintet::host;
+using quintet::shape;
+using quintet::tensor;
+namespace k = quintet::kernels;
+
+namespace {
+
+template <class T>
+tensor<T, host> random_host(shape extents, std::uint64_t stream, double low = -1.0,
+                            double high = 1.0) {
+  tensor<T, host> t(extents);
+  quintet::fill_uniform(t, {.seed = 99, .stream = stream}, low, high);
+  return t;
+}
+
+template <class T>
+tensor<T, device> to_device(const tensor<T, host>& h) {
+  tensor<T, device> d(h.shape());
+  quintet::copy(d, h);
+  return d;
+}
+
+template <class T>
+tensor<T, host> to_host(const tensor<T, device>& d) {
+  tensor<T, host> h(d.shape());
+  quintet::copy(h, d);
+  return h;
+}
+
+// Every |got - want| <= atol + rtol |want|.
+template <class T>
+void require_close(const tensor<T, host>& got, const tensor<T, host>& want, double rtol,
+                   double atol, const char* what) {
+  REQUIRE(got.shape() == want.shape());
+  double worst = 0;
+  std::int64_t at = 0;
+  for (std::int64_t i = 0; i < got.numel(); ++i) {
+    const double g = static_cast<float>(got.data()[i]), w = static_cast<float>(want.data()[i]);
+    const double excess = std::abs(g - w) - (atol + rtol * std::abs(w));
+    if (!(excess <= worst)) {
+      worst = std::isnan(excess) ? INFINITY : excess;
+      at = i;
+    }
+  }
+  INFO(what << ": worst element " << at << " exceeds the tolerance by " << worst);
+  REQUIRE(worst <= 0.0);
+}
+
+struct product_case {
+  shape a, b, c;
+  k::matmul_options options;
+};
+
+template <class T>
+void check_matmul(double rtol, double atol) {
+  const execution<host> host_ctx;
+  const execution<device> device_ctx;
+  const std::vector<product_case> cases = {
+      {shape{3, 33}, shape{33, 17}, shape{3, 17}, {}},
+      {shape{33, 3}, shape{17, 33}, shape{3, 17}, {.transpose_a = true, .transpose_b = true}},
+      {shape{64, 65}, shape{65, 63}, shape{64, 63}, {.alpha = 0.5, .beta = -1.0}},
+      {shape{2, 17, 9}, shape{2, 9, 33}, shape{2, 17, 33}, {}},
+      {shape{2, 9, 17},
+       shape{2, 33, 9},
+       shape{2, 17, 33},
+       {.transpose_a = true, .transpose_b = true}},
+      {shape{4, 5, 96}, shape{48, 96}, shape{4, 5, 48}, {.transpose_b = true}},  // linear layer
+      {shape{4, 96, 5}, shape{96, 48}, shape{4, 5, 48}, {.transpose_a = true}},  // shared B, A^T
+  };
+  std::uint64_t stream = 1;
+  for (const auto& c : cases) {
+    auto a = random_host<T>(c.a, ++stream);
+    auto b = random_host<T>(c.b, ++stream);
+    auto want = random_host<T>(c.c, ++stream);
+    auto a_device = to_device(a), b_device = to_device(b), c_device = to_device(want);
+    k::matmul(host_ctx, a, b, want, c.options);
+    k::matmul(device_ctx, a_device, b_device, c_device, c.options);
+    device_ctx.synchronize();
+    INFO("A " << c.a.to_string() << " B " << c.b.to_string() << " transpose_a "
+              << c.options.transpose_a << " transpose_b " << c.options.transpose_b);
+    require_close(to_host(c_device), want, rtol, atol, "matmul");
+  }
+}
+
+template <class T, class Acc>
+void check_layer_norm(double rtol, double atol) {
+  const execution<host> host_ctx;
+  const execution<device> device_ctx;
+  for (const shape s : {shape{1, 1}, shape{3, 17}, shape{2, 5, 33}, shape{7, 1000}}) {
+    const std::int64_t n = s[s.rank() - 1];
+    const shape stats = shape(s.extents().first(s.rank() - 1));
+    auto x = random_host<T>(s, 10, -3.0, 3.0), dy = random_host<T>(s, 11);
+    auto gamma = random_host<T>(shape{n}, 12, 0.5, 1.5), beta = random_host<T>(shape{n}, 13);
+    tensor<T, host> y(s), dx(s), dgamma(shape{n}), dbeta(shape{n});
+    tensor<Acc, host> mean(stats), rstd(stats);
+    quintet::fill(dgamma, T(0.25f));  // accumulated into
+    quintet::fill(dbeta, T(-0.5f));
+    auto x_d = to_device(x), dy_d = to_device(dy), gamma_d = to_device(gamma),
+         beta_d = to_device(beta), dgamma_d = to_device(dgamma), dbeta_d = to_device(dbeta);
+    tensor<T, device> y_d(s), dx_d(s);
+    tensor<Acc, device> mean_d(stats), rstd_d(stats);
+    k::layer_norm_forward(host_ctx, x, gamma, beta, y, mean, rstd);
+    k::layer_norm_backward(host_ctx, x, gamma, mean, rstd, dy, dx, dgamma, dbeta);
+    k::layer_norm_forward(device_ctx, x_d, gamma_d, beta_d, y_d, mean_d, rstd_d);
+    k::layer_norm_backward(device_ctx, x_d, gamma_d, mean_d, rstd_d, dy_d, dx_d, dgamma_d, dbeta_d);
+    device_ctx.synchronize();
+    INFO("shape " << s.to_string());
+    require_close(to_host(y_d), y, rtol, atol, "y");
+    require_close(to_host(mean_d), mean, 1e-5, 1e-6, "mean");
+    require_close(to_host(rstd_d), rstd, 1e-5, 1e-6, "rstd");
+    require_close(to_host(dx_d), dx, rtol, atol, "dx");
+    require_close(to_host(dgamma_d), dgamma, rtol, atol, "dgamma");
+    require_close(to_host(dbeta_d), dbeta, rtol, atol, "dbeta");
+  }
+}
+
+}  // namespace
+
+TEST_CASE("cuBLASLt matmul equals the host matmul in fp32", "[device]") {
+  // fp32 compute (no TF32): only the summation order differs, k <= 96 terms of size <= 1.
+  check_matmul<float>(1e-5, 1e-5);
+}
+
+TEST_CASE("cuBLASLt matmul equals the host matmul in bf16", "[device]") {
+  // Both accumulate in fp32 and round once to bf16: at most one bf16 ulp (2^-8 relative) apart.
+  check_matmul<quintet::bf16>(8e-3, 1e-2);
+}
+
+TEST_CASE("the CUB layer norm equals the host layer norm, forward and backward", "[device]") {
+  check_layer_norm<float, float>(1e-5, 1e-5);
+  check_layer_norm<double, double>(1e-12, 1e-12);
+  check_layer_norm<quintet::bf16, float>(8e-3, 1e-2);
+}
+
+TEST_CASE("a cuda execution context without a device raises quintet::error", "[no-device]") {
+  REQUIRE(quintet::cuda_device_count() == 0);
+  REQUIRE_THROWS_WITH(execution<device>(), Catch::Contains("no CUDA device is available"));
+}
