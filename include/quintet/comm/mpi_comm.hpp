@@ -1,0 +1,437 @@
+// mpi_comm: the communicator over an MPI communicator (Open MPI, launched with mpirun), with the
+// same semantics as thread_comm; mpi_session initialises MPI and turns a throwing rank into an
+// MPI_Abort of the job with the rank's message.
+#pragma once
+
+#if !defined(QUINTET_WITH_MPI)
+#error "<quintet/comm/mpi_comm.hpp> needs QUINTET_WITH_MPI (link quintet::quintet with MPI found)"
+#endif
+
+#include <quintet/comm/comm_error.hpp>
+#include <quintet/comm/communicator.hpp>
+#include <quintet/core/bf16.hpp>
+#include <quintet/core/dtype.hpp>
+#include <quintet/core/half.hpp>
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+// Defined to 1, every mpi_comm checks (with one small extra all-gather per collective) that all
+// ranks entered the same collective with the same type, count and root, as thread_comm always
+// does. The constructor's flag overrides it per communicator.
+#if !defined(QUINTET_MPI_CHECK_CONSISTENCY)
+#define QUINTET_MPI_CHECK_CONSISTENCY 0
+#endif
+
+namespace quintet {
+
+namespace detail {
+
+[[noreturn]] inline void raise_mpi_error(int code, const char* call) {
+  char text[MPI_MAX_ERROR_STRING] = {};
+  int length = 0;
+  MPI_Error_string(code, text, &length);
+  throw comm_error(
+      detail::format_message("quintet: {} failed: {}", call, std::string(text, length)));
+}
+
+#define QUINTET_MPI_CALL(call)                                       \
+  do {                                                               \
+    const int quintet_mpi_status = (call);                           \
+    if (quintet_mpi_status != MPI_SUCCESS)                           \
+      ::quintet::detail::raise_mpi_error(quintet_mpi_status, #call); \
+  } while (false)
+
+// 16-bit floats travel as 16-bit words and are reduced as fp32 copies.
+inline MPI_Datatype mpi_type_of(dtype type) {
+  switch (type) {
+    case dtype::f32:
+      return MPI_FLOAT;
+    case dtype::f64:
+      return MPI_DOUBLE;
+    case dtype::bf16:
+      return MPI_UINT16_T;
+    case dtype::f16:
+      return MPI_UINT16_T;
+    case dtype::i32:
+      return MPI_INT32_T;
+    case dtype::i64:
+      return MPI_INT64_T;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+inline MPI_Op mpi_op_of(reduce_op op) {
+  switch (op) {
+    case reduce_op::max:
+      return MPI_MAX;
+    case reduce_op::min:
+      return MPI_MIN;
+    default:
+      return MPI_SUM;  // average divides the sum afterwards
+  }
+}
+
+inline int mpi_count(std::int64_t count, const char* what) {
+  QUINTET_CHECK(count <= INT_MAX, "mpi_comm {}: {} elements exceed MPI's int count", what, count);
+  return static_cast<int>(count);
+}
+
+inline bool is_half_float(dtype type) { return type == dtype::bf16 || type == dtype::f16; }
+
+inline std::vector<float> widen(const comm_buffer& buffer) {
+  std::vector<float> wide(static_cast<std::size_t>(buffer.count));
+  for (std::int64_t i = 0; i < buffer.count; ++i) {
+    wide[i] = buffer.type == dtype::bf16
+                  ? static_cast<float>(static_cast<const bf16*>(buffer.data)[i])
+                  : static_cast<float>(static_cast<const half*>(buffer.data)[i]);
+  }
+  return wide;
+}
+
+inline void narrow(const std::vector<float>& wide, const comm_buffer& buffer) {
+  for (std::int64_t i = 0; i < buffer.count; ++i) {
+    if (buffer.type == dtype::bf16) {
+      static_cast<bf16*>(buffer.data)[i] = bf16(wide[i]);
+    } else {
+      static_cast<half*>(buffer.data)[i] = half(wide[i]);
+    }
+  }
+}
+
+template <class T>
+inline void divide_all(void* data, std::int64_t count, int divisor) {
+  T* values = static_cast<T*>(data);
+  for (std::int64_t i = 0; i < count; ++i) values[i] = values[i] / static_cast<T>(divisor);
+}
+
+// average = sum / size, truncating for integers.
+inline void divide_by(const comm_buffer& buffer, int divisor) {
+  switch (buffer.type) {
+    case dtype::f32:
+      return divide_all<float>(buffer.data, buffer.count, divisor);
+    case dtype::f64:
+      return divide_all<double>(buffer.data, buffer.count, divisor);
+    case dtype::i32:
+      return divide_all<std::int32_t>(buffer.data, buffer.count, divisor);
+    case dtype::i64:
+      return divide_all<std::int64_t>(buffer.data, buffer.count, divisor);
+    default:
+      QUINTET_FAIL("mpi_comm: {} is divided in fp32", name_of(buffer.type));
+  }
+}
+
+}  // namespace detail
+
+class mpi_comm : public communicator_api<mpi_comm, host> {
+ public:
+  // Collective over `parent`: works on a duplicate of it (its own message space and error
+  // handler), which this object frees. The world is not finalised here; see mpi_session.
+  explicit mpi_comm(MPI_Comm parent = MPI_COMM_WORLD,
+                    bool check_consistency = QUINTET_MPI_CHECK_CONSISTENCY != 0)
+      : check_consistency_(check_consistency) {
+    QUINTET_MPI_CALL(MPI_Comm_dup(parent, &comm_));
+    adopt();
+  }
+  mpi_comm(mpi_comm&& other) noexcept { swap(other); }
+  mpi_comm& operator=(mpi_comm&& other) noexcept {
+    mpi_comm(std::move(other)).swap(*this);
+    return *this;
+  }
+  mpi_comm(const mpi_comm&) = delete;
+  mpi_comm& operator=(const mpi_comm&) = delete;
+  ~mpi_comm() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
+  }
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  MPI_Comm native() const { return comm_; }
+  bool checks_consistency() const { return check_consistency_; }
+
+  mpi_comm split(int color, int key) {
+    QUINTET_CHECK(color >= 0, "mpi_comm::split: color {} is negative", color);
+    mpi_comm part{empty_tag{}};
+    part.check_consistency_ = check_consistency_;
+    QUINTET_MPI_CALL(MPI_Comm_split(comm_, color, key, &part.comm_));
+    part.adopt();
+    return part;
+  }
+
+ private:
+  friend class communicator_api<mpi_comm, host>;
+
+  struct empty_tag {};
+  explicit mpi_comm(empty_tag) {}
+
+  void adopt() {
+    QUINTET_MPI_CALL(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+    QUINTET_MPI_CALL(MPI_Comm_rank(comm_, &rank_));
+    QUINTET_MPI_CALL(MPI_Comm_size(comm_, &size_));
+  }
+
+  void swap(mpi_comm& other) noexcept {
+    std::swap(comm_, other.comm_);
+    std::swap(rank_, other.rank_);
+    std::swap(size_, other.size_);
+    std::swap(check_consistency_, other.check_consistency_);
+  }
+
+  // Every rank shares (operation, type, count, root, reduction); all compare, so all raise the
+  // same comm_error naming every rank's view.
+  void agree(std::string_view operation, dtype type, std::int64_t count, std::int64_t root = 0,
+             reduce_op op = reduce_op::sum) {
+    if (!check_consistency_) return;
+    std::int64_t mine[5] = {static_cast<std::int64_t>(std::hash<std::string_view>{}(operation)),
+                            static_cast<std::int64_t>(type), count, root,
+                            static_cast<std::int64_t>(op)};
+    std::vector<std::int64_t> all(5 * static_cast<std::size_t>(size_));
+    QUINTET_MPI_CALL(MPI_Allgather(mine, 5, MPI_INT64_T, all.data(), 5, MPI_INT64_T, comm_));
+    bool same = true;
+    for (int j = 0; j < size_; ++j) same = same && std::equal(mine, mine + 5, &all[5 * j]);
+    if (same) return;
+    std::string ranks;
+    for (int j = 0; j < size_; ++j) {
+      const std::int64_t* theirs = &all[5 * j];
+      ranks += detail::format_message("{}rank {}: {}{} of {} {} elements from root {} ({})",
+                                      j == 0 ? "" : "; ", j,
+                                      theirs[0] == mine[0] ? "" : "another op than ", operation,
+                                      theirs[2], name_of(static_cast<dtype>(theirs[1])), theirs[3],
+                                      name_of(static_cast<reduce_op>(theirs[4])));
+    }
+    throw comm_error("quintet: mpi_comm ranks disagree about the collective: " + ranks);
+  }
+
+  void do_all_reduce(comm_buffer in, comm_buffer out, reduce_op op) {
+    agree("all_reduce", in.type, in.count, 0, op);
+    const int count = detail::mpi_count(in.count, "all_reduce");
+    if (detail::is_half_float(in.type)) {
+      std::vector<float> wide = detail::widen(in);
+      QUINTET_MPI_CALL(
+          MPI_Allreduce(MPI_IN_PLACE, wide.data(), count, MPI_FLOAT, detail::mpi_op_of(op), comm_));
+      if (op == reduce_op::average) {
+        for (float& value : wide) value /= static_cast<float>(size_);
+      }
+      detail::narrow(wide, out);
+      return;
+    }
+    const void* source = in.data == out.data ? MPI_IN_PLACE : in.data;
+    QUINTET_MPI_CALL(MPI_Allreduce(source, out.data, count, detail::mpi_type_of(in.type),
+                                   detail::mpi_op_of(op), comm_));
+    if (op == reduce_op::average) detail::divide_by(out, size_);
+  }
+
+  void do_reduce_scatter(comm_buffer in, comm_buffer out, reduce_op op) {
+    agree("reduce_scatter", in.type, in.count, 0, op);
+    const int count = detail::mpi_count(out.count, "reduce_scatter");
+    detail::mpi_count(in.count, "reduce_scatter");
+    if (detail::is_half_float(in.type)) {
+      const std::vector<float> wide = detail::widen(in);
+      std::vector<float> block(static_cast<std::size_t>(out.count));
+      QUINTET_MPI_CALL(MPI_Reduce_scatter_block(wide.data(), block.data(), count, MPI_FLOAT,
+                                                detail::mpi_op_of(op), comm_));
+      if (op == reduce_op::average) {
+        for (float& value : block) value /= static_cast<float>(size_);
+      }
+      detail::narrow(block, out);
+      return;
+    }
+    // MPI forbids aliased buffers; an output inside the input is reduced through a copy.
+    std::vector<std::byte> copy;
+    const void* source = in.data;
+    if (detail::buffers_overlap(in, out)) {
+      copy.assign(static_cast<const std::byte*>(in.data),
+                  static_cast<const std::byte*>(in.data) + in.bytes());
+      source = copy.data();
+    }
+    QUINTET_MPI_CALL(MPI_Reduce_scatter_block(source, out.data, count, detail::mpi_type_of(in.type),
+                                              detail::mpi_op_of(op), comm_));
+    if (op == reduce_op::average) detail::divide_by(out, size_);
+  }
+
+  void do_all_gather(comm_buffer in, comm_buffer out) {
+    agree("all_gather", in.type, in.count);
+    const int count = detail::mpi_count(in.count, "all_gather");
+    detail::mpi_count(out.count, "all_gather");
+    const MPI_Datatype type = detail::mpi_type_of(in.type);
+    const void* own_block = static_cast<const std::byte*>(out.data) + in.bytes() * rank_;
+    if (in.data == own_block) {
+      QUINTET_MPI_CALL(MPI_Allgather(MPI_IN_PLACE, 0, type, out.data, count, type, comm_));
+      return;
+    }
+    std::vector<std::byte> copy;
+    const void* source = in.data;
+    if (detail::buffers_overlap(in, out)) {
+      copy.assign(static_cast<const std::byte*>(in.data),
+                  static_cast<const std::byte*>(in.data) + in.bytes());
+      source = copy.data();
+    }
+    QUINTET_MPI_CALL(MPI_Allgather(source, count, type, out.data, count, type, comm_));
+  }
+
+  void do_broadcast(comm_buffer inout, int root) {
+    agree("broadcast", inout.type, inout.count, root);
+    QUINTET_MPI_CALL(MPI_Bcast(inout.data, detail::mpi_count(inout.count, "broadcast"),
+                               detail::mpi_type_of(inout.type), root, comm_));
+  }
+
+  void do_all_to_all(comm_buffer in, comm_buffer out) {
+    agree("all_to_all", in.type, in.count);
+    const int block = detail::mpi_count(in.count / size_, "all_to_all");
+    detail::mpi_count(in.count, "all_to_all");
+    const MPI_Datatype type = detail::mpi_type_of(in.type);
+    QUINTET_MPI_CALL(MPI_Alltoall(in.data, block, type, out.data, block, type, comm_));
+  }
+
+  void do_all_to_all_v(comm_buffer in, std::span<const std::int64_t> in_counts, comm_buffer out,
+                       std::span<const std::int64_t> out_counts) {
+    agree("all_to_all_v", in.type, 0);
+    if (check_consistency_) {
+      std::vector<std::int64_t> announced(static_cast<std::size_t>(size_));
+      QUINTET_MPI_CALL(
+          MPI_Alltoall(in_counts.data(), 1, MPI_INT64_T, announced.data(), 1, MPI_INT64_T, comm_));
+      int first_bad = -1;
+      for (int j = 0; j < size_ && first_bad < 0; ++j) {
+        if (announced[j] != out_counts[j]) first_bad = j;
+      }
+      // Every rank learns whether any rank found a disagreement, so all raise together.
+      int bad_anywhere = first_bad >= 0 ? 1 : 0;
+      QUINTET_MPI_CALL(MPI_Allreduce(MPI_IN_PLACE, &bad_anywhere, 1, MPI_INT, MPI_MAX, comm_));
+      if (first_bad >= 0) {
+        throw comm_error(
+            detail::format_message("quintet: mpi_comm all_to_all_v: rank {} sends {} elements to "
+                                   "rank {}, which expects {}",
+                                   first_bad, announced[first_bad], rank_, out_counts[first_bad]));
+      }
+      if (bad_anywhere) {
+        throw comm_error(detail::format_message(
+            "quintet: mpi_comm all_to_all_v: the ranks' counts disagree (found by another rank "
+            "than {})",
+            rank_));
+      }
+    }
+    std::vector<int> send_counts(size_), send_offsets(size_), recv_counts(size_),
+        recv_offsets(size_);
+    std::int64_t send_at = 0, recv_at = 0;
+    for (int j = 0; j < size_; ++j) {
+      send_counts[j] = detail::mpi_count(in_counts[j], "all_to_all_v");
+      recv_counts[j] = detail::mpi_count(out_counts[j], "all_to_all_v");
+      send_offsets[j] = detail::mpi_count(send_at, "all_to_all_v");
+      recv_offsets[j] = detail::mpi_count(recv_at, "all_to_all_v");
+      send_at += in_counts[j];
+      recv_at += out_counts[j];
+    }
+    const MPI_Datatype type = detail::mpi_type_of(in.type);
+    QUINTET_MPI_CALL(MPI_Alltoallv(in.data, send_counts.data(), send_offsets.data(), type, out.data,
+                                   recv_counts.data(), recv_offsets.data(), type, comm_));
+  }
+
+  void do_exchange(std::span<const p2p_op> ops) {
+    std::vector<MPI_Request> requests(ops.size(), MPI_REQUEST_NULL);
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      const p2p_op& op = ops[i];
+      const int count = detail::mpi_count(op.buffer.count, "exchange");
+      const MPI_Datatype type = detail::mpi_type_of(op.buffer.type);
+      if (op.direction == p2p_op::kind::send) {
+        QUINTET_MPI_CALL(
+            MPI_Isend(op.buffer.data, count, type, op.peer, op.tag, comm_, &requests[i]));
+      } else {
+        QUINTET_MPI_CALL(
+            MPI_Irecv(op.buffer.data, count, type, op.peer, op.tag, comm_, &requests[i]));
+      }
+    }
+    std::vector<MPI_Status> statuses(ops.size());
+    const int status =
+        MPI_Waitall(static_cast<int>(requests.size()), requests.data(), statuses.data());
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      const p2p_op& op = ops[i];
+      if (op.direction != p2p_op::kind::recv) continue;
+      const int error = status == MPI_ERR_IN_STATUS ? statuses[i].MPI_ERROR : MPI_SUCCESS;
+      int received = 0;
+      MPI_Get_count(&statuses[i], detail::mpi_type_of(op.buffer.type), &received);
+      if (error == MPI_ERR_TRUNCATE || (error == MPI_SUCCESS && received != op.buffer.count)) {
+        throw comm_error(detail::format_message(
+            "quintet: mpi_comm recv on rank {} from rank {} (tag {}): expects {} {} elements, "
+            "but {} were sent",
+            rank_, op.peer, op.tag, op.buffer.count, name_of(op.buffer.type),
+            error == MPI_ERR_TRUNCATE ? std::string("more") : std::to_string(received)));
+      }
+    }
+    if (status != MPI_SUCCESS) detail::raise_mpi_error(status, "MPI_Waitall");
+  }
+
+  void do_barrier() {
+    agree("barrier", dtype::f32, 0);
+    QUINTET_MPI_CALL(MPI_Barrier(comm_));
+  }
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+  bool check_consistency_ = false;
+};
+
+// mpi_session: initialises MPI (unless the program already did) and finalises what it
+// initialised. run(fn) calls fn(world) and turns an exception on any rank into MPI_Abort of the
+// whole job, after printing the rank and its message: MPI cannot unblock peers any other way.
+class mpi_session {
+ public:
+  mpi_session(int* argc, char*** argv) {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized) {
+      int provided = 0;
+      QUINTET_MPI_CALL(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+      owns_ = true;
+    }
+  }
+  mpi_session() : mpi_session(nullptr, nullptr) {}
+  mpi_session(const mpi_session&) = delete;
+  mpi_session& operator=(const mpi_session&) = delete;
+  ~mpi_session() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (owns_ && !finalized) MPI_Finalize();
+  }
+
+  template <class Fn>
+  void run(Fn&& fn, bool check_consistency = QUINTET_MPI_CHECK_CONSISTENCY != 0) {
+    int world_rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    try {
+      mpi_comm world(MPI_COMM_WORLD, check_consistency);
+      fn(world);
+    } catch (const std::exception& failure) {
+      abort_job(world_rank, failure.what());
+    } catch (...) {
+      abort_job(world_rank, "an exception not derived from std::exception");
+    }
+  }
+
+ private:
+  [[noreturn]] static void abort_job(int world_rank, const char* message) {
+    std::fprintf(stderr, "quintet: mpi rank %d failed: %s; aborting the job\n", world_rank,
+                 message);
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    std::abort();  // MPI_Abort does not return; this keeps [[noreturn]] honest
+  }
+
+  bool owns_ = false;
+};
+
+}  // namespace quintet

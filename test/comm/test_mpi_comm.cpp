@@ -1,0 +1,95 @@
+// mpi_comm under mpirun (-np 2 and -np 4): the same semantic checks thread_comm passes, the
+// consistency check, and (with --abort) a throwing rank that takes the job down with its message.
+#define CATCH_CONFIG_RUNNER
+#include "collective_checks.hpp"
+
+#include <quintet/comm/counting_comm.hpp>
+#include <quintet/comm/mpi_comm.hpp>
+#include <quintet/mesh/device_mesh.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+using namespace quintet;
+
+static_assert(communicator<mpi_comm>);
+
+TEST_CASE("mpi_comm: every collective matches the serial computation", "[comm][mpi]") {
+  mpi_comm world;
+  // MPI may combine in another order than rank order: floats within a few ulps, integers exact.
+  test::check_every_collective<float>(world, false, 100);
+  test::check_every_collective<double>(world, false, 200);
+  test::check_every_collective<bf16>(world, false, 300);
+  test::check_every_collective<std::int32_t>(world, true, 400);
+  test::check_every_collective<std::int64_t>(world, true, 500);
+  test::check_all_reduce<half>(world, 3001, reduce_op::sum, false, false, 600);
+  test::check_split(world);
+  SUCCEED("rank " << world.rank() << " of " << world.size() << " checked every collective");
+}
+
+TEST_CASE("mpi_comm: a mesh over MPI ranks and a counting wrapper", "[comm][mpi][mesh]") {
+  counting_comm<mpi_comm> world{mpi_comm()};
+  device_mesh<counting_comm<mpi_comm>> mesh(world, {.dp = world.size() / 2, .tp = 2});
+  tensor<std::int32_t, host> mine(shape{1}), members(shape{2});
+  mine.data()[0] = world.rank();
+  mesh.tp().all_gather(mine, members);
+  const std::vector<int> expected = mesh.layout().group_members(mesh_axis::tp, world.rank());
+  CHECK(members.data()[0] == expected[0]);
+  CHECK(members.data()[1] == expected[1]);
+  CHECK(world.ledger().tally("tp", comm_operation::all_gather) == comm_tally{1, 8, 4.0});
+}
+
+TEST_CASE("mpi_comm: with the consistency check, disagreeing ranks get comm_error naming them",
+          "[comm][mpi][mismatch]") {
+  mpi_comm world(MPI_COMM_WORLD, true);
+  REQUIRE(world.checks_consistency());
+  tensor<float, host> values(shape{world.rank() == 1 ? 5 : 4});
+  CHECK_THROWS_WITH(world.all_reduce(values),
+                    Catch::Contains("rank 0: all_reduce of 4 f32 elements") &&
+                        Catch::Contains("rank 1: all_reduce of 5 f32 elements"));
+  tensor<double, host> buffer(shape{3});
+  CHECK_THROWS_WITH(world.broadcast(buffer, world.rank() == 0 ? 1 : 0),
+                    Catch::Contains("rank 0: broadcast of 3 f64 elements from root 1"));
+  tensor<float, host> in(shape{2 * world.size()}), out(shape{2 * world.size()});
+  std::vector<std::int64_t> counts(world.size(), 2), expected(world.size(), 2);
+  if (world.rank() == 0) expected[1] = 1;
+  CHECK_THROWS_AS(world.all_to_all_v(in, counts, out, expected), comm_error);
+  world.barrier();  // the communicator is still usable after the reported mismatch
+}
+
+// A message longer than the receive is MPI_ERR_TRUNCATE, after which MPI leaves the state
+// undefined; only the shorter message, which MPI reports cleanly, is provoked here.
+TEST_CASE("mpi_comm: a receive longer than the message is a comm_error", "[comm][mpi][mismatch]") {
+  mpi_comm world;
+  tensor<float, host> small(shape{4}), large(shape{6});
+  if (world.rank() == 0) {
+    world.send(small, 1, 10);
+  } else if (world.rank() == 1) {
+    CHECK_THROWS_WITH(world.recv(large, 0, 10),
+                      Catch::Contains("expects 6 f32 elements, but 4 were sent"));
+  }
+  world.barrier();
+}
+
+int main(int argc, char* argv[]) {
+  mpi_session session(&argc, &argv);
+  if (argc > 1 && std::strcmp(argv[1], "--abort") == 0) {
+    // Rank 1 throws; the others wait in a collective that only MPI_Abort can end.
+    session.run([](mpi_comm& world) {
+      if (world.rank() == 1) throw quintet::error("deliberate failure on rank 1");
+      world.barrier();
+    });
+    return 0;
+  }
+  int world_rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  Catch::Session catch_session;
+  if (const int status = catch_session.applyCommandLine(argc, argv); status != 0) return status;
+  int failed = catch_session.run();
+  MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  return failed;
+}
