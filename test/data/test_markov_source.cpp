@@ -330,7 +330,7 @@ TEST_CASE("bad Markov configurations and tables are rejected with the values nam
   REQUIRE_THROWS_WITH(markov_source(markov_config{.vocab = 1024, .order = 3}),
                       Catch::Contains("vocabulary 1024 and order 3 has more than 1048576"));
   REQUIRE_THROWS_WITH(markov_source(markov_config{.successors = 1}),
-                      Catch::Contains("got 1 successors for vocabulary 32"));
+                      Catch::Contains("got 1 successors for vocabulary 16"));
   REQUIRE_THROWS_WITH(markov_source(markov_config{.vocab = 8, .successors = 9}),
                       Catch::Contains("got 9 successors for vocabulary 8"));
   // Two closed classes (each token repeats forever): no unique stationary distribution.
