@@ -11,10 +11,10 @@
 #include <cstring>
 
 using quintet::host;
+using quintet::mesh_axis;
 using quintet::shape;
 using quintet::nn::initializer;
 using quintet::nn::parameter_registry;
-using quintet::parallel::mesh_axis;
 using quintet::parallel::placement;
 
 TEST_CASE("parameters are initialised by name, independently of creation order",
@@ -46,7 +46,7 @@ TEST_CASE("a sharded parameter holds the slice of the serial parameter", "[nn][p
   auto& whole = serial.add("qkv.weight", shape{12, 8}, initializer::normal(0.02));
   for (std::int64_t tp_rank = 0; tp_rank < 4; ++tp_rank) {
     quintet::parallel::mesh_position position{};
-    position[static_cast<int>(mesh_axis::tp)] = {.degree = 4, .coordinate = tp_rank};
+    quintet::parallel::position_on(position, mesh_axis::tp) = {.degree = 4, .coordinate = tp_rank};
     parameter_registry<float, host> sharded(3, position);
     auto& shard = sharded.add("qkv.weight", shape{12, 8}, initializer::normal(0.02),
                               placement::replicated().sharded(mesh_axis::tp, 0));
@@ -61,13 +61,13 @@ TEST_CASE("a sharded parameter holds the slice of the serial parameter", "[nn][p
 TEST_CASE("placement maps mesh positions to regions, hierarchically on one dimension",
           "[nn][placement]") {
   quintet::parallel::mesh_position position{};
-  position[static_cast<int>(mesh_axis::dp)] = {.degree = 2, .coordinate = 1};
-  position[static_cast<int>(mesh_axis::tp)] = {.degree = 2, .coordinate = 0};
+  quintet::parallel::position_on(position, mesh_axis::dp) = {.degree = 2, .coordinate = 1};
+  quintet::parallel::position_on(position, mesh_axis::tp) = {.degree = 2, .coordinate = 0};
   const placement both =
       placement::replicated().sharded(mesh_axis::dp, 0).sharded(mesh_axis::tp, 0);
   const auto region = both.local_region(shape{8, 3}, position);
   CHECK(region.local_shape() == shape{2, 3});
-  CHECK(region.offsets()[0] == 4);  // dp piece [4, 8), then its tp piece [4, 6)
+  CHECK(region.offsets()[0] == 2);  // tp piece [0, 4), then its dp piece [2, 4)
   CHECK(placement::replicated().is_replicated());
   CHECK(both.sharded_dim(mesh_axis::tp) == 0);
   CHECK_FALSE(both.is_sharded(mesh_axis::sp));
@@ -77,6 +77,19 @@ TEST_CASE("placement maps mesh positions to regions, hierarchically on one dimen
   REQUIRE_THROWS_WITH(
       placement::replicated().sharded(mesh_axis::tp, 2).local_region(shape{4, 4}, position),
       Catch::Contains("dimension 2 sharded over tp does not exist in shape (4, 4)"));
+}
+
+TEST_CASE("a rank's mesh position comes from the mesh layout", "[nn][placement]") {
+  const quintet::mesh_layout layout({.dp = 2, .tp = 2, .sp = 2}, 8);
+  for (int rank = 0; rank < 8; ++rank) {
+    const auto position = quintet::parallel::position_in(layout, rank);
+    const auto coordinates = layout.coordinates_of(rank);
+    CHECK(position[static_cast<int>(mesh_axis::tp)].degree == 2);
+    CHECK(position[static_cast<int>(mesh_axis::tp)].coordinate == coordinates.tp);
+    CHECK(position[static_cast<int>(mesh_axis::sp)].coordinate == coordinates.sp);
+    CHECK(position[static_cast<int>(mesh_axis::dp)].coordinate == coordinates.dp);
+    CHECK(position[static_cast<int>(mesh_axis::pp)].degree == 1);
+  }
 }
 
 TEST_CASE("registry misuse is reported by name", "[nn][parameter]") {

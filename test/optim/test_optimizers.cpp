@@ -27,7 +27,8 @@ void make_parameters(parameter_registry<double, host>& registry) {
 
 void random_gradients(parameter_registry<double, host>& registry, std::uint64_t step) {
   for (auto& p : registry)
-    quintet::fill_normal(p.grad, {.seed = step, .stream = quintet::rng_stream_for(p.name)}, 0.0, 1.0);
+    quintet::fill_normal(p.grad, {.seed = step, .stream = quintet::rng_stream_for(p.name)}, 0.0,
+                         1.0);
 }
 
 }  // namespace
@@ -35,8 +36,8 @@ void random_gradients(parameter_registry<double, host>& registry, std::uint64_t 
 TEST_CASE("AdamW matches the reference update, decaying only matrices", "[optim][adamw]") {
   parameter_registry<double, host> registry(3);
   make_parameters(registry);
-  const quintet::kernels::adamw_hyperparameters hp{.lr = 0.1, .beta1 = 0.8, .beta2 = 0.95,
-                                                    .eps = 1e-8, .weight_decay = 0.3};
+  const quintet::kernels::adamw_hyperparameters hp{
+      .lr = 0.1, .beta1 = 0.8, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.3};
   quintet::optim::adamw<double, host> optimizer(registry, exec, hp);
 
   // Reference state, element by element.
@@ -112,7 +113,8 @@ TEST_CASE("the global gradient norm counts every element once and clipping scale
   random_gradients(registry, 1);
   double squares = 0;
   for (auto& p : registry)
-    for (std::int64_t e = 0; e < p.grad.numel(); ++e) squares += p.grad.data()[e] * p.grad.data()[e];
+    for (std::int64_t e = 0; e < p.grad.numel(); ++e)
+      squares += p.grad.data()[e] * p.grad.data()[e];
   const double norm = quintet::optim::global_gradient_norm(exec, registry);
   CHECK(norm == Approx(std::sqrt(squares)).epsilon(1e-14));
   CHECK(quintet::optim::clip_factor(norm, norm * 2) == 1.0);
@@ -124,10 +126,10 @@ TEST_CASE("the global gradient norm counts every element once and clipping scale
 
 TEST_CASE("the global gradient norm refuses sharded parameters", "[optim][clip]") {
   quintet::parallel::mesh_position position{};
-  position[static_cast<int>(quintet::parallel::mesh_axis::tp)] = {.degree = 2, .coordinate = 0};
+  quintet::parallel::position_on(position, quintet::mesh_axis::tp) = {.degree = 2, .coordinate = 0};
   parameter_registry<double, host> registry(5, position);
   registry.add("w", shape{4, 2}, initializer::normal(1.0),
-               quintet::parallel::placement::replicated().sharded(quintet::parallel::mesh_axis::tp, 0));
+               quintet::parallel::placement::replicated().sharded(quintet::mesh_axis::tp, 0));
   REQUIRE_THROWS_WITH(quintet::optim::global_gradient_norm(exec, registry),
                       Catch::Contains("parameter 'w' is sharded"));
 }

@@ -8,6 +8,7 @@
 
 #include <quintet/core/error.hpp>
 #include <quintet/core/shape.hpp>
+#include <quintet/mesh/mesh_layout.hpp>
 #include <quintet/tensor/region.hpp>
 
 #include <array>
@@ -16,21 +17,26 @@
 
 namespace quintet::parallel {
 
-// The axes of the device mesh a parameter can be sharded over.
-enum class mesh_axis : std::uint8_t { dp, pp, tp, sp, ep };
-inline constexpr int mesh_axis_count = 5;
-
-constexpr std::string_view name_of(mesh_axis axis) {
-  constexpr std::string_view names[] = {"dp", "pp", "tp", "sp", "ep"};
-  return names[static_cast<int>(axis)];
-}
-
-// Where this rank sits on one axis: the axis' degree and the rank's coordinate along it.
+// Where this rank sits on one axis of the mesh: the axis' degree and the rank's coordinate on it.
 struct axis_position {
   std::int64_t degree = 1;
   std::int64_t coordinate = 0;
 };
-using mesh_position = std::array<axis_position, mesh_axis_count>;
+
+// Indexed by mesh_axis; every axis of degree 1 by default (the serial model).
+using mesh_position = std::array<axis_position, all_mesh_axes.size()>;
+
+inline axis_position& position_on(mesh_position& position, mesh_axis axis) {
+  return position[static_cast<std::size_t>(axis)];
+}
+
+// The position of world rank `rank` in a mesh layout.
+inline mesh_position position_in(const mesh_layout& layout, int rank) {
+  mesh_position position{};
+  for (const mesh_axis axis : all_mesh_axes)
+    position_on(position, axis) = {layout.size(axis), layout.index_in_group(axis, rank)};
+  return position;
+}
 
 class placement {
  public:
@@ -57,21 +63,23 @@ class placement {
   // The tensor dimension sharded over `axis`, or replicated_dim.
   int sharded_dim(mesh_axis axis) const { return dims_[index(axis)]; }
 
-  // The block of a tensor of shape `global` this rank holds. Axes are applied in the order dp, pp,
-  // tp, sp, ep; two axes sharding one dimension split it hierarchically (the later axis inside the
-  // earlier one's piece). Degrees must divide the sharded extents.
+  // The block of a tensor of shape `global` this rank holds. Axes are applied in the order of
+  // all_mesh_axes (tp, sp, dp, pp, ep, edp); two axes sharding one dimension split it
+  // hierarchically (dp inside the tp piece, as ZeRO-3 over a tensor-parallel shard does). Degrees
+  // must divide the sharded extents.
   region local_region(const shape& global, const mesh_position& position) const {
     region where(global);
-    for (int a = 0; a < mesh_axis_count; ++a) {
-      if (dims_[a] == replicated_dim) continue;
-      const axis_position& p = position[a];
-      QUINTET_CHECK(dims_[a] < global.rank(),
-                    "placement: dimension {} sharded over {} does not exist in shape {}", dims_[a],
-                    name_of(static_cast<mesh_axis>(a)), global);
-      QUINTET_CHECK(where.local_shape()[dims_[a]] % p.degree == 0,
-                    "placement: dimension {} of extent {} does not divide over {} = {}", dims_[a],
-                    where.local_shape()[dims_[a]], name_of(static_cast<mesh_axis>(a)), p.degree);
-      where = where.chunk(dims_[a], p.degree, p.coordinate);
+    for (const mesh_axis axis : all_mesh_axes) {
+      const int dim = dims_[index(axis)];
+      if (dim == replicated_dim) continue;
+      const axis_position& p = position[index(axis)];
+      QUINTET_CHECK(dim < global.rank(),
+                    "placement: dimension {} sharded over {} does not exist in shape {}", dim,
+                    name_of(axis), global);
+      QUINTET_CHECK(where.local_shape()[dim] % p.degree == 0,
+                    "placement: dimension {} of extent {} does not divide over {} = {}", dim,
+                    where.local_shape()[dim], name_of(axis), p.degree);
+      where = where.chunk(dim, p.degree, p.coordinate);
     }
     return where;
   }
@@ -79,10 +87,13 @@ class placement {
   friend bool operator==(const placement&, const placement&) = default;
 
  private:
-  static int index(mesh_axis axis) { return static_cast<int>(axis); }
+  static std::size_t index(mesh_axis axis) { return static_cast<std::size_t>(axis); }
 
-  std::array<int, mesh_axis_count> dims_{replicated_dim, replicated_dim, replicated_dim,
-                                         replicated_dim, replicated_dim};
+  std::array<int, all_mesh_axes.size()> dims_ = [] {
+    std::array<int, all_mesh_axes.size()> dims{};
+    dims.fill(replicated_dim);
+    return dims;
+  }();
 };
 
 }  // namespace quintet::parallel
