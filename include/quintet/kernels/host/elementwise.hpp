@@ -3,6 +3,7 @@
 #pragma once
 
 #include <quintet/kernels/accumulator.hpp>
+#include <quintet/kernels/host/lanes.hpp>
 
 #include <cmath>
 #include <cstdint>
@@ -15,7 +16,7 @@ template <class T>
 void bias_add(T* x, const T* bias, std::int64_t rows, std::int64_t n) {
   for (std::int64_t r = 0; r < rows; ++r) {
     T* row = x + r * n;
-    for (std::int64_t j = 0; j < n; ++j) row[j] = narrow<T>(widen(row[j]) + widen(bias[j]));
+    lane_map(row, n, [&](std::int64_t j) { return narrow<T>(widen(row[j]) + widen(bias[j])); });
   }
 }
 
@@ -26,7 +27,8 @@ void bias_grad(const T* dy, T* dbias, std::int64_t rows, std::int64_t n) {
   std::vector<acc> sums(static_cast<std::size_t>(n), acc(0));
   for (std::int64_t r = 0; r < rows; ++r) {
     const T* row = dy + r * n;
-    for (std::int64_t j = 0; j < n; ++j) sums[j] += widen(row[j]);
+    acc* total = sums.data();
+    lane_map(total, n, [&](std::int64_t j) { return total[j] + widen(row[j]); });
   }
   for (std::int64_t j = 0; j < n; ++j) dbias[j] = narrow<T>(widen(dbias[j]) + sums[j]);
 }
@@ -66,12 +68,12 @@ void gelu_backward(const T* x, const T* dy, T* dx, std::int64_t count) {
 
 template <class T>
 void add(const T* a, const T* b, T* out, std::int64_t count) {
-  for (std::int64_t i = 0; i < count; ++i) out[i] = narrow<T>(widen(a[i]) + widen(b[i]));
+  lane_map(out, count, [&](std::int64_t i) { return narrow<T>(widen(a[i]) + widen(b[i])); });
 }
 
 template <class T>
 void scale(T* x, accumulator_t<T> alpha, std::int64_t count) {
-  for (std::int64_t i = 0; i < count; ++i) x[i] = narrow<T>(widen(x[i]) * alpha);
+  lane_map(x, count, [&](std::int64_t i) { return narrow<T>(widen(x[i]) * alpha); });
 }
 
 }  // namespace quintet::kernels::host_impl

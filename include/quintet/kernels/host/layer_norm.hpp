@@ -4,7 +4,7 @@
 #pragma once
 
 #include <quintet/kernels/accumulator.hpp>
-#include <quintet/kernels/host/lane_sum.hpp>
+#include <quintet/kernels/host/lanes.hpp>
 
 #include <cmath>
 #include <cstdint>
@@ -29,8 +29,9 @@ void layer_norm_forward(const T* x, const T* gamma, const T* beta, T* y, Acc* me
     });
     const Acc inv = Acc(1) / std::sqrt(squares / static_cast<Acc>(n) + eps);
     T* yr = y + r * n;
-    for (std::int64_t j = 0; j < n; ++j)
-      yr[j] = narrow<T>((widen(xr[j]) - mu) * inv * widen(gamma[j]) + widen(beta[j]));
+    lane_map(yr, n, [&](std::int64_t j) {
+      return narrow<T>((widen(xr[j]) - mu) * inv * widen(gamma[j]) + widen(beta[j]));
+    });
     mean[r] = mu;
     rstd[r] = inv;
   }
@@ -53,23 +54,21 @@ void layer_norm_backward(const T* x, const T* gamma, const Acc* mean, const Acc*
     const Acc g_xhat_sum = lane_sum<Acc>(n, [&](std::int64_t j) {
       return widen(dyr[j]) * widen(gamma[j]) * (widen(xr[j]) - mu) * inv;
     });
-    for (std::int64_t j = 0; j < n; ++j) {
-      const Acc d = widen(dyr[j]);
-      gamma_sum[j] += d * (widen(xr[j]) - mu) * inv;
-      beta_sum[j] += d;
-    }
+    Acc* gs = gamma_sum.data();
+    Acc* bs = beta_sum.data();
+    lane_map(gs, n,
+             [&](std::int64_t j) { return gs[j] + widen(dyr[j]) * (widen(xr[j]) - mu) * inv; });
+    lane_map(bs, n, [&](std::int64_t j) { return bs[j] + widen(dyr[j]); });
     const Acc g_mean = g_sum / static_cast<Acc>(n), g_xhat_mean = g_xhat_sum / static_cast<Acc>(n);
     T* dxr = dx + r * n;
-    for (std::int64_t j = 0; j < n; ++j) {
+    lane_map(dxr, n, [&](std::int64_t j) {
       const Acc xhat = (widen(xr[j]) - mu) * inv;
       const Acc g = widen(dyr[j]) * widen(gamma[j]);
-      dxr[j] = narrow<T>(inv * (g - g_mean - xhat * g_xhat_mean));
-    }
+      return narrow<T>(inv * (g - g_mean - xhat * g_xhat_mean));
+    });
   }
-  for (std::int64_t j = 0; j < n; ++j) {
-    dgamma[j] = narrow<T>(widen(dgamma[j]) + gamma_sum[j]);
-    dbeta[j] = narrow<T>(widen(dbeta[j]) + beta_sum[j]);
-  }
+  lane_map(dgamma, n, [&](std::int64_t j) { return narrow<T>(widen(dgamma[j]) + gamma_sum[j]); });
+  lane_map(dbeta, n, [&](std::int64_t j) { return narrow<T>(widen(dbeta[j]) + beta_sum[j]); });
 }
 
 }  // namespace quintet::kernels::host_impl

@@ -3,7 +3,7 @@
 #pragma once
 
 #include <quintet/kernels/accumulator.hpp>
-#include <quintet/kernels/host/lane_sum.hpp>
+#include <quintet/kernels/host/lanes.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -25,7 +25,7 @@ void softmax_forward(const T* x, T* y, std::int64_t rows, std::int64_t n) {
     for (std::int64_t j = 0; j < n; ++j) peak = std::max(peak, widen(xr[j]));
     for (std::int64_t j = 0; j < n; ++j) e[j] = std::exp(widen(xr[j]) - peak);
     const acc inv = acc(1) / lane_sum<acc>(n, [&](std::int64_t j) { return e[j]; });
-    for (std::int64_t j = 0; j < n; ++j) yr[j] = narrow<T>(e[j] * inv);
+    lane_map(yr, n, [&](std::int64_t j) { return narrow<T>(e[j] * inv); });
   }
 }
 
@@ -38,7 +38,8 @@ void softmax_backward(const T* y, const T* dy, T* dx, std::int64_t rows, std::in
     const T* dyr = dy + r * n;
     const acc dot = lane_sum<acc>(n, [&](std::int64_t j) { return widen(dyr[j]) * widen(yr[j]); });
     T* dxr = dx + r * n;
-    for (std::int64_t j = 0; j < n; ++j) dxr[j] = narrow<T>(widen(yr[j]) * (widen(dyr[j]) - dot));
+    lane_map(dxr, n,
+             [&](std::int64_t j) { return narrow<T>(widen(yr[j]) * (widen(dyr[j]) - dot)); });
   }
 }
 
