@@ -314,19 +314,24 @@ class thread_comm : public communicator_api<thread_comm, host> {
     entry.in_counts = in_counts.data();
     entry.out_counts = out_counts.data();
     enter(entry);
-    // Every rank checks every pair, so all raise the same error and none reads a buffer whose
-    // owner has already left.
-    for (int receiver = 0; receiver < n; ++receiver) {
-      for (int sender = 0; sender < n; ++sender) {
+    // Every rank checks every pair, so all raise the same error; they leave together (one more
+    // barrier), since the counts are read from the peers' memory.
+    std::string disagreement;
+    for (int receiver = 0; receiver < n && disagreement.empty(); ++receiver) {
+      for (int sender = 0; sender < n && disagreement.empty(); ++sender) {
         const std::int64_t sent = peer_entry(sender).in_counts[receiver];
         const std::int64_t expected = peer_entry(receiver).out_counts[sender];
         if (sent != expected) {
-          throw comm_error(detail::format_message(
+          disagreement = detail::format_message(
               "quintet: thread_comm all_to_all_v: rank {} sends {} elements to rank {}, which "
               "expects {}",
-              sender, sent, receiver, expected));
+              sender, sent, receiver, expected);
         }
       }
+    }
+    if (!disagreement.empty()) {
+      arrive_and_wait("all_to_all_v");
+      throw comm_error(disagreement);
     }
     const std::size_t element = size_of(in.type);
     std::int64_t out_offset = 0;
@@ -418,6 +423,8 @@ class thread_comm : public communicator_api<thread_comm, host> {
     const bool fits =
         match->buffer.count == op.buffer.count && match->buffer.type == op.buffer.type;
     if (fits) copy_bytes(op.buffer.data, match->buffer.data, op.buffer.bytes());
+    // Once the state is published the sender may release `match`: keep what the message needs.
+    const comm_buffer sent = match->buffer;
     match->receiver_count = op.buffer.count;
     match->receiver_type = op.buffer.type;
     auto& sender_box = group_->mailboxes[op.peer];
@@ -430,8 +437,8 @@ class thread_comm : public communicator_api<thread_comm, host> {
       throw comm_error(detail::format_message(
           "quintet: thread_comm recv on rank {} from rank {} (tag {}): expects {} {} elements, "
           "but {} {} elements were sent",
-          rank_, op.peer, op.tag, op.buffer.count, name_of(op.buffer.type), match->buffer.count,
-          name_of(match->buffer.type)));
+          rank_, op.peer, op.tag, op.buffer.count, name_of(op.buffer.type), sent.count,
+          name_of(sent.type)));
     }
   }
 
