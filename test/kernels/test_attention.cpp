@@ -61,8 +61,9 @@ qkv_views<T> split(tensor<T, host>& qkv, std::int64_t width) {
           quintet::slice(qkv, 2, 2 * width, 3 * width)};
 }
 
-const std::vector<attention_case> cases = {
-    {1, 1, 1, 1}, {2, 5, 2, 3}, {1, 17, 3, 4}, {3, 4, 1, 8}, {1, 33, 2, 5}};
+// 130 queries span three blocks of the product-based kernel (64 queries each).
+const std::vector<attention_case> cases = {{1, 1, 1, 1}, {2, 5, 2, 3},  {1, 17, 3, 4},
+                                           {3, 4, 1, 8}, {1, 33, 2, 5}, {2, 130, 2, 16}};
 
 }  // namespace
 
@@ -160,4 +161,34 @@ TEST_CASE("attention rejects heads that do not divide the width and misshapen op
   const quintet::tensor_view<float, host> transposed(wide.data(), shape{2, 4, 12}, {48, 1, 4});
   REQUIRE_THROWS_WITH(k::attention_forward(ctx, transposed, q, q, out, lse3, 3),
                       Catch::Contains("last dimension of q") && Catch::Contains("stride is 4"));
+}
+
+TEST_CASE("bf16 attention (row loops in float) agrees with float attention (products)",
+          "[kernels][attention]") {
+  const execution<host> ctx;
+  const std::int64_t heads = 2, width = 16;
+  auto qkv_f = random_tensor<float>(shape{2, 70, 48}, 31, -2.0, 2.0);  // 70 > one query block
+  auto dout_f = random_tensor<float>(shape{2, 70, 16}, 32);
+  auto qkv_h = from_double<quintet::bf16>(to_double(qkv_f), qkv_f.shape());
+  auto dout_h = from_double<quintet::bf16>(to_double(dout_f), dout_f.shape());
+  // The float run starts from the bf16-rounded inputs, so only the arithmetic differs.
+  qkv_f = from_double<float>(to_double(qkv_h), qkv_f.shape());
+  dout_f = from_double<float>(to_double(dout_h), dout_f.shape());
+  auto run = [&](auto& qkv, auto& dout, auto zero, std::vector<double>& out_values) {
+    using T = decltype(zero);
+    const auto p = split(qkv, width);
+    tensor<T, host> out(shape{2, 70, 16}), dqkv(qkv.shape());
+    tensor<float, host> lse(shape{2, 2, 70});
+    k::attention_forward(ctx, p.q, p.k, p.v, out, lse, heads);
+    const auto g = split(dqkv, width);
+    k::attention_backward(ctx, p.q, p.k, p.v, out, lse, dout, g.q, g.k, g.v, heads);
+    out_values = to_double(out);
+    return to_double(dqkv);
+  };
+  std::vector<double> out_f, out_h;
+  const auto grad_f = run(qkv_f, dout_f, 0.0f, out_f);
+  const auto grad_h = run(qkv_h, dout_h, quintet::bf16(0.0f), out_h);
+  // bf16 keeps 8 significant bits: outputs within 2^-8 relative (plus a little absolute).
+  require_close(out_h, out_f, 1e-2, 1e-2, "bf16 out");
+  require_close(grad_h, grad_f, 2e-2, 2e-2, "bf16 dq, dk, dv");
 }

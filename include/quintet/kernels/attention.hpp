@@ -32,19 +32,19 @@ struct attention_engine {
 template <>
 struct attention_engine<host> {
   template <class T, class Acc>
-  static void forward(const execution<host>&, host_impl::rows3<const T> q,
+  static void forward(const execution<host>& ctx, host_impl::rows3<const T> q,
                       host_impl::rows3<const T> k, host_impl::rows3<const T> v,
                       host_impl::rows3<T> out, Acc* lse, host_impl::attention_sizes n, Acc scale) {
-    host_impl::attention_forward(q, k, v, out, lse, n, scale);
+    host_impl::attention_forward(ctx, q, k, v, out, lse, n, scale);
   }
   template <class T, class Acc>
-  static void backward(const execution<host>&, host_impl::rows3<const T> q,
+  static void backward(const execution<host>& ctx, host_impl::rows3<const T> q,
                        host_impl::rows3<const T> k, host_impl::rows3<const T> v,
                        host_impl::rows3<const T> out, const Acc* lse,
                        host_impl::rows3<const T> dout, host_impl::rows3<T> dq,
                        host_impl::rows3<T> dk, host_impl::rows3<T> dv, host_impl::attention_sizes n,
                        Acc scale) {
-    host_impl::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, n, scale);
+    host_impl::attention_backward(ctx, q, k, v, out, lse, dout, dq, dk, dv, n, scale);
   }
 };
 

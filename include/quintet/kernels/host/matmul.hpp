@@ -30,18 +30,20 @@ inline constexpr gemm_backend default_gemm_backend =
     gemm_backend::portable;
 #endif
 
-// One float/double product, m, n, k >= 0, with the chosen backend.
+// One float/double product C (m, n) = alpha op(A) op(B) + beta C, m, n, k >= 0, on row-major
+// matrices with leading dimensions (row strides) lda, ldb, ldc, with the chosen backend.
 template <class T>
 void gemm(const execution<host>& ctx, gemm_backend backend, bool transpose_a, bool transpose_b,
-          std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a, const T* b, T beta,
-          T* c) {
-  const std::int64_t lda = transpose_a ? m : k, ldb = transpose_b ? k : n, ldc = n;
+          std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a, std::int64_t lda,
+          const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
 #if defined(QUINTET_WITH_BLAS)
   if (backend == gemm_backend::blas && m > 0 && n > 0 && k > 0) {
     constexpr std::int64_t int_max = std::numeric_limits<int>::max();
-    QUINTET_CHECK(m <= int_max && n <= int_max && k <= int_max && m * k <= int_max * 64,
-                  "matmul: sizes m={} n={} k={} exceed what CBLAS's int arguments can address", m,
-                  n, k);
+    QUINTET_CHECK(m <= int_max && n <= int_max && k <= int_max && lda <= int_max &&
+                      ldb <= int_max && ldc <= int_max,
+                  "matmul: sizes m={} n={} k={} (leading dimensions {}, {}, {}) exceed what "
+                  "CBLAS's int arguments can address",
+                  m, n, k, lda, ldb, ldc);
     use_blas_threads(ctx.threads());
     gemm_blas(transpose_a, transpose_b, m, n, k, alpha, a, std::max<std::int64_t>(lda, 1), b,
               std::max<std::int64_t>(ldb, 1), beta, c, std::max<std::int64_t>(ldc, 1));
@@ -52,6 +54,15 @@ void gemm(const execution<host>& ctx, gemm_backend backend, bool transpose_a, bo
   (void)backend;
 #endif
   gemm_portable<T>(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+// The same on dense matrices (leading dimensions from the shapes).
+template <class T>
+void gemm(const execution<host>& ctx, gemm_backend backend, bool transpose_a, bool transpose_b,
+          std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a, const T* b, T beta,
+          T* c) {
+  gemm<T>(ctx, backend, transpose_a, transpose_b, m, n, k, alpha, a, transpose_a ? m : k, b,
+          transpose_b ? k : n, beta, c, n);
 }
 
 // The batched product described by `g` (see matmul_geometry.hpp) on contiguous row-major data.
