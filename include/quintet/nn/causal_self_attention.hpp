@@ -1,6 +1,8 @@
 // causal_self_attention: one fused projection to q, k, v (d -> 3d), causal multi-head attention,
 // and an output projection (d -> d). q, k and v are column slices of the fused projection, so
-// neither direction transposes or copies them.
+// neither direction transposes or copies them. Under a tensor-parallel plan the heads are split
+// over tp: qkv is a column_linear (each rank gets q, k, v of its heads), the output projection a
+// row_linear.
 //
 //   qkv (batch, seq, 3d):  [ q: heads x head_dim | k: heads x head_dim | v: heads x head_dim ]
 #pragma once
@@ -12,6 +14,8 @@
 #include <quintet/nn/context.hpp>
 #include <quintet/nn/linear.hpp>
 #include <quintet/nn/parameter.hpp>
+#include <quintet/parallel/plan.hpp>
+#include <quintet/parallel/projections.hpp>
 #include <quintet/tensor/copy.hpp>
 #include <quintet/tensor/slice.hpp>
 #include <quintet/tensor/tensor.hpp>
@@ -21,26 +25,29 @@
 
 namespace quintet::nn {
 
-template <class T, class Device>
+template <class T, class Device, class Plan = serial_plan, class Mesh = parallel::no_mesh>
 class causal_self_attention {
   using stat_type = kernels::accumulator_t<T>;
+  using projections = parallel::projections<T, Device, Plan, Mesh>;
 
  public:
   causal_self_attention(parameter_registry<T, Device>& registry, const execution<Device>& exec,
                         std::string name, std::int64_t d_model, std::int64_t heads,
-                        double init_stddev = 0.02, double proj_init_stddev = 0.02)
+                        double init_stddev = 0.02, double proj_init_stddev = 0.02,
+                        Mesh* mesh = nullptr)
       : exec_(exec),
         name_(std::move(name)),
         d_model_(d_model),
-        heads_(heads),
-        qkv_(registry, exec, name_ + ".qkv", d_model, 3 * d_model, {.init_stddev = init_stddev}),
-        proj_(registry, exec, name_ + ".proj", d_model, d_model,
-              {.init_stddev = proj_init_stddev}) {
-    QUINTET_CHECK(heads > 0 && d_model % heads == 0,
-                  "attention '{}': {} heads do not divide d_model {}", name_, heads, d_model);
-  }
+        heads_(checked_heads(name_, d_model, heads, projections::tp_size(mesh))),
+        local_heads_(heads / projections::tp_size(mesh)),
+        local_width_(d_model / projections::tp_size(mesh)),
+        qkv_(projections::make_column(registry, exec, mesh, name_ + ".qkv", d_model, 3 * d_model,
+                                      {.init_stddev = init_stddev, .output_groups = 3})),
+        proj_(projections::make_row(registry, exec, mesh, name_ + ".proj", d_model, d_model,
+                                    {.init_stddev = proj_init_stddev})) {}
   causal_self_attention(parameter_registry<T, Device>&, const execution<Device>&&, std::string,
-                        std::int64_t, std::int64_t, double = 0.02, double = 0.02) = delete;
+                        std::int64_t, std::int64_t, double = 0.02, double = 0.02,
+                        Mesh* = nullptr) = delete;
 
   // x (batch, seq, d) -> y (batch, seq, d)
   quintet::tensor<T, Device> forward(context<Device>& ctx, tensor_view<const T, Device> x) {
@@ -48,14 +55,15 @@ class causal_self_attention {
                   "attention '{}': input has shape {}, expected (batch, seq, {})", name_, x.shape(),
                   d_model_);
     const std::int64_t batch = x.shape()[0], seq = x.shape()[1];
-    auto& qkv = ctx.template save<T>(name_ + ".qkv_output", shape{batch, seq, 3 * d_model_});
+    auto& qkv = ctx.template save<T>(name_ + ".qkv_output", shape{batch, seq, 3 * local_width_});
     {
-      quintet::tensor<T, Device> projected = qkv_.forward(ctx, x);  // (batch, seq, 3d)
+      quintet::tensor<T, Device> projected = qkv_.forward(ctx, x);  // (batch, seq, 3d / tp)
       copy(qkv, projected);
     }
-    auto& out = ctx.template save<T>(name_ + ".attention_output", shape{batch, seq, d_model_});
-    auto& lse = ctx.template save<stat_type>(name_ + ".lse", shape{batch, heads_, seq});
-    kernels::attention_forward(exec_, part(qkv, 0), part(qkv, 1), part(qkv, 2), out, lse, heads_);
+    auto& out = ctx.template save<T>(name_ + ".attention_output", shape{batch, seq, local_width_});
+    auto& lse = ctx.template save<stat_type>(name_ + ".lse", shape{batch, local_heads_, seq});
+    kernels::attention_forward(exec_, part(qkv, 0), part(qkv, 1), part(qkv, 2), out, lse,
+                               local_heads_);
     return proj_.forward(ctx, out.view());
   }
 
@@ -65,16 +73,26 @@ class causal_self_attention {
     auto& qkv = ctx.template get<T>(name_ + ".qkv_output");
     const auto& out = ctx.template get<T>(name_ + ".attention_output");
     const auto& lse = ctx.template get<stat_type>(name_ + ".lse");
-    quintet::tensor<T, Device> dqkv(qkv.shape());  // (batch, seq, 3d)
+    quintet::tensor<T, Device> dqkv(qkv.shape());  // (batch, seq, 3d / tp)
     kernels::attention_backward(exec_, part(qkv, 0), part(qkv, 1), part(qkv, 2), out, lse, dout,
-                                part(dqkv, 0), part(dqkv, 1), part(dqkv, 2), heads_);
+                                part(dqkv, 0), part(dqkv, 1), part(dqkv, 2), local_heads_);
     return qkv_.backward(ctx, dqkv.view());
   }
 
   std::int64_t heads() const { return heads_; }
 
  private:
-  // q (0), k (1) or v (2): a (batch, seq, d) column slice of the fused (batch, seq, 3d) tensor.
+  static std::int64_t checked_heads(const std::string& name, std::int64_t d_model,
+                                    std::int64_t heads, int tp) {
+    QUINTET_CHECK(heads > 0 && d_model % heads == 0,
+                  "attention '{}': {} heads do not divide d_model {}", name, heads, d_model);
+    QUINTET_CHECK(heads % tp == 0, "attention '{}': {} heads do not divide over tp = {}", name,
+                  heads, tp);
+    return heads;
+  }
+
+  // q (0), k (1) or v (2): a (batch, seq, d / tp) column slice of the fused (batch, seq, 3d / tp)
+  // tensor.
   tensor_view<T, Device> part(quintet::tensor<T, Device>& fused, int which) const {
     return chunk(fused, 2, 3, which);
   }
@@ -82,8 +100,9 @@ class causal_self_attention {
   const execution<Device>& exec_;
   std::string name_;
   std::int64_t d_model_, heads_;
-  linear<T, Device> qkv_;
-  linear<T, Device> proj_;
+  std::int64_t local_heads_, local_width_;  // heads / tp and d_model / tp on this rank
+  typename projections::column qkv_;        // d -> 3d, as (3, d, d)
+  typename projections::row proj_;          // d -> d
 };
 
 }  // namespace quintet::nn

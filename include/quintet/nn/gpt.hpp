@@ -16,6 +16,8 @@
 #include <quintet/nn/linear.hpp>
 #include <quintet/nn/parameter.hpp>
 #include <quintet/nn/transformer_block.hpp>
+#include <quintet/parallel/plan.hpp>
+#include <quintet/parallel/projections.hpp>
 #include <quintet/tensor/copy.hpp>
 #include <quintet/tensor/reshape.hpp>
 #include <quintet/tensor/tensor.hpp>
@@ -53,13 +55,15 @@ struct gpt_config {
   }
 };
 
-template <class T, class Device>
+// Under a tensor-parallel plan the blocks are split over tp; the embeddings, the final norm and
+// the head stay replicated (every tp rank computes them whole, on identical activations).
+template <class T, class Device, class Plan = serial_plan, class Mesh = parallel::no_mesh>
 class gpt {
   using stat_type = kernels::accumulator_t<T>;
 
  public:
   gpt(parameter_registry<T, Device>& registry, const execution<Device>& exec,
-      const gpt_config& config)
+      const gpt_config& config, Mesh* mesh = nullptr)
       : exec_(exec),
         config_((config.validate(), config)),
         embedding_(registry, exec, "embedding", config.vocab, config.max_seq, config.d_model,
@@ -76,13 +80,14 @@ class gpt {
             config.init_stddev / std::sqrt(2.0 * static_cast<double>(config.layers))};
     blocks_.reserve(static_cast<std::size_t>(config.layers));
     for (std::int64_t l = 0; l < config.layers; ++l)
-      blocks_.push_back(std::make_unique<transformer_block<T, Device>>(
-          registry, exec, "blocks." + std::to_string(l), options));
+      blocks_.push_back(std::make_unique<transformer_block<T, Device, Plan, Mesh>>(
+          registry, exec, "blocks." + std::to_string(l), options, mesh));
     if (!config.tie_weights)
       head_.emplace(registry, exec, "lm_head", config.d_model, config.vocab,
                     linear_options{.bias = false, .init_stddev = config.init_stddev});
   }
-  gpt(parameter_registry<T, Device>&, const execution<Device>&&, const gpt_config&) = delete;
+  gpt(parameter_registry<T, Device>&, const execution<Device>&&, const gpt_config&,
+      Mesh* = nullptr) = delete;
 
   // tokens, targets (batch, seq): the loss summed over targets that are not `ignore_index`, and
   // their count.
@@ -150,7 +155,7 @@ class gpt {
   const execution<Device>& exec_;
   gpt_config config_;
   embedding<T, Device> embedding_;
-  std::vector<std::unique_ptr<transformer_block<T, Device>>> blocks_;
+  std::vector<std::unique_ptr<transformer_block<T, Device, Plan, Mesh>>> blocks_;
   layer_norm<T, Device> final_norm_;
   std::optional<linear<T, Device>> head_;  // only when the weights are not tied
   std::int32_t ignore_index_ = kernels::no_target;

@@ -1,5 +1,6 @@
 // linear: y = x W^T + b with W (out, in), the layout of every projection in a transformer. Keeps
-// its input in the context for the weight gradient.
+// its input in the context for the weight gradient. It computes on whatever part of W this rank
+// holds (its placement), which is how column_linear and row_linear reuse it.
 #pragma once
 
 #include <quintet/core/error.hpp>
@@ -8,6 +9,7 @@
 #include <quintet/kernels/matmul.hpp>
 #include <quintet/nn/context.hpp>
 #include <quintet/nn/parameter.hpp>
+#include <quintet/parallel/placement.hpp>
 #include <quintet/tensor/copy.hpp>
 #include <quintet/tensor/reshape.hpp>
 #include <quintet/tensor/tensor.hpp>
@@ -21,6 +23,12 @@ namespace quintet::nn {
 struct linear_options {
   bool bias = true;
   double init_stddev = 0.02;  // GPT-2's initialisation of every projection
+  // A fused projection of `output_groups` equal outputs (q, k, v: 3) stores W as
+  // (groups, out / groups, in) and b as (groups, out / groups), so that a tensor-parallel split of
+  // dimension 1 gives each rank the same slice of every group.
+  std::int64_t output_groups = 1;
+  parallel::placement weight_placement = parallel::placement::replicated();
+  parallel::placement bias_placement = parallel::placement::replicated();
 };
 
 template <class T, class Device>
@@ -30,17 +38,16 @@ class linear {
          std::int64_t in_features, std::int64_t out_features, linear_options options = {})
       : exec_(exec),
         name_(std::move(name)),
-        in_(in_features),
-        out_(out_features),
-        weight_(registry.add(name_ + ".weight", shape{out_features, in_features},
-                             initializer::normal(options.init_stddev))),
-        bias_(options.bias
-                  ? &registry.add(name_ + ".bias", shape{out_features}, initializer::constant(0.0))
-                  : nullptr) {
-    QUINTET_CHECK(in_features > 0 && out_features > 0,
-                  "linear '{}': features {} -> {} must be "
-                  "positive",
-                  name_, in_features, out_features);
+        weight_(registry.add(name_ + ".weight",
+                             weight_shape(name_, in_features, out_features, options),
+                             initializer::normal(options.init_stddev), options.weight_placement)),
+        bias_(options.bias ? &registry.add(name_ + ".bias", bias_shape(out_features, options),
+                                           initializer::constant(0.0), options.bias_placement)
+                           : nullptr) {
+    // The local matrix this rank multiplies by: (out, in) of its part of W.
+    const shape& local = weight_.value.shape();
+    in_ = local[local.rank() - 1];
+    out_ = weight_.value.numel() / in_;
   }
 
   // The layer keeps a reference to the execution context: it must outlive the layer.
@@ -53,8 +60,8 @@ class linear {
     auto& saved = ctx.template save<T>(name_ + ".input", x.shape());  // (..., in)
     copy(saved, x);
     quintet::tensor<T, Device> y(x.shape().with_extent(x.rank() - 1, out_));  // (..., out)
-    kernels::matmul(exec_, x, weight_.value, y, {.transpose_b = true});
-    if (bias_ != nullptr) kernels::bias_add(exec_, y, bias_->value);
+    kernels::matmul(exec_, x, matrix(weight_.value), y, {.transpose_b = true});
+    if (bias_ != nullptr) kernels::bias_add(exec_, y, vector(bias_->value));
     return y;
   }
 
@@ -67,17 +74,41 @@ class linear {
                   dy.shape(), x.shape());
     const std::int64_t rows = x.numel() / in_;
     kernels::matmul(exec_, reshape(dy, shape{rows, out_}), reshape(x, shape{rows, in_}),
-                    weight_.grad, {.transpose_a = true, .beta = 1.0});
-    if (bias_ != nullptr) kernels::bias_grad(exec_, dy, bias_->grad);
+                    matrix(weight_.grad), {.transpose_a = true, .beta = 1.0});
+    if (bias_ != nullptr) kernels::bias_grad(exec_, dy, vector(bias_->grad));
     quintet::tensor<T, Device> dx(x.shape());  // (..., in)
-    kernels::matmul(exec_, dy, weight_.value, dx);
+    kernels::matmul(exec_, dy, matrix(weight_.value), dx);
     return dx;
   }
 
   parameter<T, Device>& weight() { return weight_; }
   parameter<T, Device>* bias() { return bias_; }
+  std::int64_t local_in() const { return in_; }
+  std::int64_t local_out() const { return out_; }
 
  private:
+  // (out, in), or (groups, out / groups, in) for a fused projection.
+  static shape weight_shape(const std::string& name, std::int64_t in, std::int64_t out,
+                            const linear_options& options) {
+    QUINTET_CHECK(in > 0 && out > 0, "linear '{}': features {} -> {} must be positive", name, in,
+                  out);
+    QUINTET_CHECK(options.output_groups >= 1 && out % options.output_groups == 0,
+                  "linear '{}': {} output features do not split into {} groups", name, out,
+                  options.output_groups);
+    const std::int64_t groups = options.output_groups;
+    return groups == 1 ? shape{out, in} : shape{groups, out / groups, in};
+  }
+  static shape bias_shape(std::int64_t out, const linear_options& options) {
+    const std::int64_t groups = options.output_groups;
+    return groups == 1 ? shape{out} : shape{groups, out / groups};
+  }
+  tensor_view<T, Device> matrix(quintet::tensor<T, Device>& w) const {
+    return reshape(w, shape{out_, in_});
+  }
+  tensor_view<T, Device> vector(quintet::tensor<T, Device>& b) const {
+    return reshape(b, shape{out_});
+  }
+
   void check_last_dim(const shape& s, std::int64_t expected, const char* what) const {
     QUINTET_CHECK(s.rank() >= 1 && s[s.rank() - 1] == expected,
                   "linear '{}': {} has shape {}, its last dimension must be {}", name_, what, s,
@@ -86,9 +117,9 @@ class linear {
 
   const execution<Device>& exec_;
   std::string name_;
-  std::int64_t in_, out_;
-  parameter<T, Device>& weight_;  // (out, in)
-  parameter<T, Device>* bias_;    // (out), or none
+  parameter<T, Device>& weight_;   // (out, in) or (groups, out / groups, in); this rank's part
+  parameter<T, Device>* bias_;     // (out) or (groups, out / groups), or none
+  std::int64_t in_ = 0, out_ = 0;  // of the local matrix
 };
 
 }  // namespace quintet::nn

@@ -1,5 +1,6 @@
 // mlp: the transformer's feed-forward block, y = proj(gelu(fc(x))) with fc (d -> hidden) and
-// proj (hidden -> d). Keeps the GELU input for the backward.
+// proj (hidden -> d). Keeps the GELU input for the backward. Under a tensor-parallel plan fc is a
+// column_linear and proj a row_linear: each rank holds hidden / tp of the hidden units.
 #pragma once
 
 #include <quintet/kernels/elementwise.hpp>
@@ -7,6 +8,8 @@
 #include <quintet/nn/context.hpp>
 #include <quintet/nn/linear.hpp>
 #include <quintet/nn/parameter.hpp>
+#include <quintet/parallel/plan.hpp>
+#include <quintet/parallel/projections.hpp>
 #include <quintet/tensor/copy.hpp>
 #include <quintet/tensor/tensor.hpp>
 
@@ -15,24 +18,27 @@
 
 namespace quintet::nn {
 
-template <class T, class Device>
+template <class T, class Device, class Plan = serial_plan, class Mesh = parallel::no_mesh>
 class mlp {
+  using projections = parallel::projections<T, Device, Plan, Mesh>;
+
  public:
   // `proj_init_stddev` lets a GPT scale the residual projection by 1/sqrt(2 layers), as GPT-2 does.
   mlp(parameter_registry<T, Device>& registry, const execution<Device>& exec, std::string name,
       std::int64_t d_model, std::int64_t hidden, double init_stddev = 0.02,
-      double proj_init_stddev = 0.02)
+      double proj_init_stddev = 0.02, Mesh* mesh = nullptr)
       : exec_(exec),
         name_(std::move(name)),
-        fc_(registry, exec, name_ + ".fc", d_model, hidden, {.init_stddev = init_stddev}),
-        proj_(registry, exec, name_ + ".proj", hidden, d_model, {.init_stddev = proj_init_stddev}) {
-  }
+        fc_(projections::make_column(registry, exec, mesh, name_ + ".fc", d_model, hidden,
+                                     {.init_stddev = init_stddev})),
+        proj_(projections::make_row(registry, exec, mesh, name_ + ".proj", hidden, d_model,
+                                    {.init_stddev = proj_init_stddev})) {}
   mlp(parameter_registry<T, Device>&, const execution<Device>&&, std::string, std::int64_t,
-      std::int64_t, double = 0.02, double = 0.02) = delete;
+      std::int64_t, double = 0.02, double = 0.02, Mesh* = nullptr) = delete;
 
   // x (..., d) -> y (..., d)
   quintet::tensor<T, Device> forward(context<Device>& ctx, tensor_view<const T, Device> x) {
-    quintet::tensor<T, Device> h = fc_.forward(ctx, x);  // (..., hidden), before GELU
+    quintet::tensor<T, Device> h = fc_.forward(ctx, x);  // (..., hidden / tp), before GELU
     auto& saved = ctx.template save<T>(name_ + ".gelu_input", h.shape());
     copy(saved, h);
     kernels::gelu_forward(exec_, saved, h);  // h now holds gelu(fc(x))
@@ -49,8 +55,8 @@ class mlp {
  private:
   const execution<Device>& exec_;
   std::string name_;
-  linear<T, Device> fc_;
-  linear<T, Device> proj_;
+  typename projections::column fc_;  // d -> hidden (hidden / tp on this rank)
+  typename projections::row proj_;   // hidden -> d
 };
 
 }  // namespace quintet::nn

@@ -1,4 +1,5 @@
-// transformer_block: GPT-2's pre-LN block, h = x + attention(ln1(x)), y = h + mlp(ln2(h)).
+// transformer_block: GPT-2's pre-LN block, h = x + attention(ln1(x)), y = h + mlp(ln2(h)). The
+// plan decides how attention and MLP are split; layer norms and residuals see whole activations.
 #pragma once
 
 #include <quintet/kernels/elementwise.hpp>
@@ -8,6 +9,8 @@
 #include <quintet/nn/layer_norm.hpp>
 #include <quintet/nn/mlp.hpp>
 #include <quintet/nn/parameter.hpp>
+#include <quintet/parallel/plan.hpp>
+#include <quintet/parallel/projections.hpp>
 #include <quintet/tensor/tensor.hpp>
 
 #include <cstdint>
@@ -23,20 +26,20 @@ struct block_options {
   double proj_init_stddev = 0.02;  // the two projections into the residual stream
 };
 
-template <class T, class Device>
+template <class T, class Device, class Plan = serial_plan, class Mesh = parallel::no_mesh>
 class transformer_block {
  public:
   transformer_block(parameter_registry<T, Device>& registry, const execution<Device>& exec,
-                    const std::string& name, const block_options& options)
+                    const std::string& name, const block_options& options, Mesh* mesh = nullptr)
       : exec_(exec),
         ln1_(registry, exec, name + ".ln1", options.d_model),
         attention_(registry, exec, name + ".attn", options.d_model, options.heads,
-                   options.init_stddev, options.proj_init_stddev),
+                   options.init_stddev, options.proj_init_stddev, mesh),
         ln2_(registry, exec, name + ".ln2", options.d_model),
         mlp_(registry, exec, name + ".mlp", options.d_model, options.mlp_hidden,
-             options.init_stddev, options.proj_init_stddev) {}
+             options.init_stddev, options.proj_init_stddev, mesh) {}
   transformer_block(parameter_registry<T, Device>&, const execution<Device>&&, const std::string&,
-                    const block_options&) = delete;
+                    const block_options&, Mesh* = nullptr) = delete;
 
   // x (batch, seq, d) -> y (batch, seq, d)
   quintet::tensor<T, Device> forward(context<Device>& ctx, tensor_view<const T, Device> x) {
@@ -59,9 +62,9 @@ class transformer_block {
  private:
   const execution<Device>& exec_;
   layer_norm<T, Device> ln1_;
-  causal_self_attention<T, Device> attention_;
+  causal_self_attention<T, Device, Plan, Mesh> attention_;
   layer_norm<T, Device> ln2_;
-  mlp<T, Device> mlp_;
+  mlp<T, Device, Plan, Mesh> mlp_;
 };
 
 }  // namespace quintet::nn

@@ -1,0 +1,77 @@
+// projections<T, Device, Plan, Mesh>: the linear layers a block is built from, chosen by the plan.
+// Serial (no tensor policy): two nn::linear. With parallel::tensor<megatron_1d>: column_linear for
+// the projection that fans out (qkv, fc) and row_linear for the one that comes back (attention
+// output, MLP output), so a block communicates twice forward and twice backward.
+#pragma once
+
+#include <quintet/core/error.hpp>
+#include <quintet/kernels/execution.hpp>
+#include <quintet/nn/linear.hpp>
+#include <quintet/nn/parameter.hpp>
+#include <quintet/parallel/plan.hpp>
+#include <quintet/parallel/tensor/column_linear.hpp>
+#include <quintet/parallel/tensor/row_linear.hpp>
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+namespace quintet::parallel {
+
+// The mesh of a serial model: no communicators at all.
+struct no_mesh {
+  static constexpr int tp_size() { return 1; }
+};
+
+// The communicator type of a device_mesh.
+template <class Mesh>
+using comm_of = std::remove_reference_t<decltype(std::declval<Mesh&>().tp())>;
+
+template <class Plan>
+inline constexpr bool uses_tensor_parallel = Plan::template has<strategy::tensor>;
+
+template <class T, class Device, class Plan, class Mesh>
+struct projections {
+  using column = nn::linear<T, Device>;
+  using row = nn::linear<T, Device>;
+
+  static column make_column(nn::parameter_registry<T, Device>& registry,
+                            const execution<Device>& exec, Mesh*, const std::string& name,
+                            std::int64_t in, std::int64_t out, nn::linear_options options = {}) {
+    return column(registry, exec, name, in, out, options);
+  }
+  static row make_row(nn::parameter_registry<T, Device>& registry, const execution<Device>& exec,
+                      Mesh*, const std::string& name, std::int64_t in, std::int64_t out,
+                      nn::linear_options options = {}) {
+    return row(registry, exec, name, in, out, options);
+  }
+  static int tp_size(Mesh*) { return 1; }
+};
+
+template <class T, class Device, class Plan, class Mesh>
+requires uses_tensor_parallel<Plan>
+struct projections<T, Device, Plan, Mesh> {
+  using column = column_linear<T, Device, comm_of<Mesh>>;
+  using row = row_linear<T, Device, comm_of<Mesh>>;
+
+  static column make_column(nn::parameter_registry<T, Device>& registry,
+                            const execution<Device>& exec, Mesh* mesh, const std::string& name,
+                            std::int64_t in, std::int64_t out, nn::linear_options options = {}) {
+    return column(registry, exec, require(mesh, name).tp(), name, in, out, options);
+  }
+  static row make_row(nn::parameter_registry<T, Device>& registry, const execution<Device>& exec,
+                      Mesh* mesh, const std::string& name, std::int64_t in, std::int64_t out,
+                      nn::linear_options options = {}) {
+    return row(registry, exec, require(mesh, name).tp(), name, in, out, options);
+  }
+  static int tp_size(Mesh* mesh) { return require(mesh, "tensor-parallel layer").tp().size(); }
+
+ private:
+  static Mesh& require(Mesh* mesh, const std::string& name) {
+    QUINTET_CHECK(mesh != nullptr, "'{}': a tensor-parallel plan needs the device mesh", name);
+    return *mesh;
+  }
+};
+
+}  // namespace quintet::parallel

@@ -1,0 +1,77 @@
+// row_linear: a linear layer whose weight is split on its input dimension over the
+// tensor-parallel group (Megatron-LM). Each rank holds a slice of the input (what a column_linear
+// produced) and computes a partial product; forward all-reduces it, backward needs no
+// communication. The bias is replicated and added once, after the reduction.
+//
+//   W (out, in), tp = 2:      rank 0 holds columns [0, in/2)    y = x0 W0^T + x1 W1^T + b
+//                             rank 1 holds columns [in/2, in)   (all-reduce over tp, then + b)
+//   dx_r = dy W_r             (local)
+#pragma once
+
+#include <quintet/comm/communicator.hpp>
+#include <quintet/core/error.hpp>
+#include <quintet/kernels/elementwise.hpp>
+#include <quintet/kernels/execution.hpp>
+#include <quintet/mesh/mesh_layout.hpp>
+#include <quintet/nn/context.hpp>
+#include <quintet/nn/linear.hpp>
+#include <quintet/nn/parameter.hpp>
+#include <quintet/parallel/placement.hpp>
+#include <quintet/tensor/tensor.hpp>
+
+#include <cstdint>
+#include <string>
+
+namespace quintet::parallel {
+
+template <class T, class Device, communicator Comm>
+class row_linear {
+ public:
+  row_linear(nn::parameter_registry<T, Device>& registry, const execution<Device>& exec, Comm& tp,
+             const std::string& name, std::int64_t in_features, std::int64_t out_features,
+             nn::linear_options options = {})
+      : exec_(exec),
+        tp_(tp),
+        linear_(registry, exec, name, in_features, out_features,
+                sharded_options(name, in_features, options, tp.size())),
+        bias_(options.bias ? &registry.add(name + ".bias", shape{out_features},
+                                           nn::initializer::constant(0.0))
+                           : nullptr) {}
+  row_linear(nn::parameter_registry<T, Device>&, const execution<Device>&&, Comm&,
+             const std::string&, std::int64_t, std::int64_t, nn::linear_options = {}) = delete;
+
+  // x (..., in / tp), this rank's slice -> y (..., out), the same on every tp rank.
+  quintet::tensor<T, Device> forward(nn::context<Device>& ctx, tensor_view<const T, Device> x) {
+    quintet::tensor<T, Device> y = linear_.forward(ctx, x);
+    tp_.all_reduce(y, reduce_op::sum);
+    if (bias_ != nullptr) kernels::bias_add(exec_, y, bias_->value);
+    return y;
+  }
+
+  // dy (..., out), the same on every tp rank -> dx (..., in / tp).
+  quintet::tensor<T, Device> backward(nn::context<Device>& ctx, tensor_view<const T, Device> dy) {
+    // Every rank sees the whole dy, so the replicated bias gets the same gradient everywhere.
+    if (bias_ != nullptr) kernels::bias_grad(exec_, dy, bias_->grad);
+    return linear_.backward(ctx, dy);
+  }
+
+ private:
+  static nn::linear_options sharded_options(const std::string& name, std::int64_t in,
+                                            nn::linear_options options, int tp_size) {
+    QUINTET_CHECK(options.output_groups == 1,
+                  "row_linear '{}': a row-parallel projection has no output groups", name);
+    QUINTET_CHECK(in % tp_size == 0,
+                  "row_linear '{}': {} input features do not divide over tp = {}", name, in,
+                  tp_size);
+    options.bias = false;  // added by row_linear after the reduction
+    options.weight_placement = placement::replicated().sharded(mesh_axis::tp, 1);
+    return options;
+  }
+
+  const execution<Device>& exec_;
+  Comm& tp_;
+  nn::linear<T, Device> linear_;
+  nn::parameter<T, Device>* bias_;  // (out), replicated
+};
+
+}  // namespace quintet::parallel
