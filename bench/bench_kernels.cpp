@@ -3,15 +3,19 @@
 //               and operands: GFLOP/s of both and their ratio; the portable blocked kernel vs
 //               single-threaded OpenBLAS: GFLOP/s and its fraction.
 //   layer norm, softmax   GB/s (bytes read + written) vs memcpy of the same array.
+//   attention   forward + backward through block products vs the row-at-a-time loops (the
+//               straightforward form, which bf16 still uses) on the same float operands.
 // Results are checked against OpenBLAS outside the timed loops.
 #include <benchmark/benchmark.h>
 
+#include <quintet/kernels/attention.hpp>
 #include <quintet/kernels/execution.hpp>
 #include <quintet/kernels/layer_norm.hpp>
 #include <quintet/kernels/matmul.hpp>
 #include <quintet/kernels/softmax.hpp>
 #include <quintet/tensor/fill.hpp>
 #include <quintet/tensor/random.hpp>
+#include <quintet/tensor/slice.hpp>
 #include <quintet/tensor/tensor.hpp>
 
 #include <cblas.h>
@@ -212,6 +216,57 @@ void softmax_forward(benchmark::State& state) {
   if (!(std::abs(row_sum - 1.0) < 1e-4)) state.SkipWithError("softmax row does not sum to 1");
 }
 
+// Arguments: batch, seq, heads, head_dim; q, k, v are slices of one fused projection.
+void attention(benchmark::State& state) {
+  const std::int64_t batch = state.range(0), seq = state.range(1), heads = state.range(2),
+                     width = heads * state.range(3);
+  const execution<host> ctx;
+  tensor<float, host> qkv(shape{batch, seq, 3 * width}), dqkv(qkv.shape()), dqkv_rows(qkv.shape()),
+      out(shape{batch, seq, width}), out_rows(out.shape()), dout(out.shape()),
+      lse(shape{batch, heads, seq});
+  quintet::fill_uniform(qkv, {.seed = 4, .stream = 1}, -1.0, 1.0);
+  quintet::fill_uniform(dout, {.seed = 4, .stream = 2}, -1.0, 1.0);
+  auto part = [&](tensor<float, host>& t, std::int64_t i) {
+    return quintet::slice(t, 2, i * width, (i + 1) * width);
+  };
+  auto rows3 = [](auto view) {
+    return k::host_impl::rows3<typename decltype(view)::element_type>{
+        view.data(), view.strides()[0], view.strides()[1]};
+  };
+  using const_view = quintet::tensor_view<const float, host>;
+  const auto q = rows3(const_view(part(qkv, 0))), kk = rows3(const_view(part(qkv, 1))),
+             v = rows3(const_view(part(qkv, 2)));
+  const k::host_impl::attention_sizes sizes{batch, seq, heads, width / heads};
+  const float scale = 1.0f / std::sqrt(static_cast<float>(width / heads));
+  double ours = 0, reference = 0;
+  interleaved(
+      state,
+      [&] {
+        k::attention_forward(ctx, part(qkv, 0), part(qkv, 1), part(qkv, 2), out, lse, heads);
+        k::attention_backward(ctx, part(qkv, 0), part(qkv, 1), part(qkv, 2), out, lse, dout,
+                              part(dqkv, 0), part(dqkv, 1), part(dqkv, 2), heads);
+      },
+      [&] {
+        k::host_impl::attention_forward_rows<float>(q, kk, v, rows3(out_rows.view()), lse.data(),
+                                                    sizes, scale);
+        k::host_impl::attention_backward_rows<float>(
+            q, kk, v, rows3(const_view(out_rows.view())), lse.data(),
+            rows3(const_view(dout.view())), rows3(part(dqkv_rows, 0)), rows3(part(dqkv_rows, 1)),
+            rows3(part(dqkv_rows, 2)), sizes, scale);
+      },
+      ours, reference);
+  double worst = 0;
+  for (std::int64_t i = 0; i < dqkv.numel(); ++i)
+    worst = std::max(worst, static_cast<double>(std::abs(dqkv.data()[i] - dqkv_rows.data()[i])));
+  if (!(worst < 1e-3)) state.SkipWithError("attention gradients differ from the row loops");
+  // Causal attention: QK^T and PV forward, five products of the same size backward, each
+  // 2 seq^2/2 head_dim per (batch, head).
+  const double flop = 7.0 * batch * heads * static_cast<double>(seq) * seq * (width / heads);
+  state.counters["GFLOP/s"] = flop / ours / 1e9;
+  state.counters["rows_GFLOP/s"] = flop / reference / 1e9;
+  state.counters["speedup"] = reference / ours;
+}
+
 void row_arguments(benchmark::internal::Benchmark* b) {
   b->Args({8192, 768})->Args({2048, 4096})->Args({1024, 50304});
   b->Unit(benchmark::kMillisecond)->UseManualTime();
@@ -224,5 +279,10 @@ BENCHMARK(matmul_portable_vs_openblas)->Apply(matmul_arguments);
 BENCHMARK(layer_norm_forward)->Apply(row_arguments);
 BENCHMARK(layer_norm_backward)->Apply(row_arguments);
 BENCHMARK(softmax_forward)->Apply(row_arguments);
+BENCHMARK(attention)
+    ->Args({8, 128, 4, 32})
+    ->Args({4, 512, 8, 64})
+    ->Unit(benchmark::kMillisecond)
+    ->UseManualTime();
 
 BENCHMARK_MAIN();
