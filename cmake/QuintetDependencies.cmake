@@ -58,3 +58,14 @@ if(NOT QUINTET_WITH_BLAS STREQUAL "OFF")
   endif()
 endif()
 _quintet_resolve(BLAS BLAS_FOUND)
+
+# NCCL (nccl_comm): the library and header shipped with the CUDA toolkit. nccl_comm also needs MPI
+# (its unique id is broadcast over MPI), so NCCL counts only with CUDA and MPI both present.
+set(QUINTET_HAS_NCCL OFF)
+if(QUINTET_HAS_CUDA AND QUINTET_HAS_MPI)
+  find_library(QUINTET_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64)
+  find_path(QUINTET_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
+  if(QUINTET_NCCL_LIBRARY AND QUINTET_NCCL_INCLUDE_DIR)
+    set(QUINTET_HAS_NCCL ON)
+  endif()
+endif()
