@@ -198,3 +198,22 @@ TEST_CASE("dropout rejects a probability outside [0, 1) and a region of another 
       k::dropout_forward(ctx, x, y, 0.1, {}, quintet::region(shape{8, 4}).chunk(0, 4, 1)),
       Catch::Contains("local shape (2, 4) differs from the tensor's shape (4, 4)"));
 }
+
+TEST_CASE("GELU stays finite and exact at large magnitudes", "[kernels][elementwise]") {
+  const execution<host> ctx;
+  tensor<float, host> x(shape{6}), y(shape{6}), dy(shape{6}), dx(shape{6});
+  const float values[] = {-100.0f, -30.0f, -9.0f, 9.0f, 30.0f, 100.0f};
+  for (int i = 0; i < 6; ++i) {
+    x.data()[i] = values[i];
+    dy.data()[i] = 1.0f;
+  }
+  k::gelu_forward(ctx, x, y);
+  k::gelu_backward(ctx, x, dy, dx);
+  for (int i = 0; i < 6; ++i) {
+    const double v = values[i];
+    INFO("x = " << v);
+    // Far from zero GELU is x (or 0) and its slope 1 (or 0), to float precision.
+    REQUIRE(y.data()[i] == Approx(gelu_reference(v)).margin(1e-6));
+    REQUIRE(dx.data()[i] == Approx(v > 0 ? 1.0 : 0.0).margin(1e-6));
+  }
+}
