@@ -53,6 +53,12 @@ class byte_corpus {
   std::int64_t size() const { return std::int64_t(bytes_.size()); }
   std::span<const std::uint8_t> bytes() const { return bytes_; }
 
+  // One line for logs and reports.
+  std::string description() const {
+    return "bytes(" + name_ + ", " + std::to_string(size()) + " bytes, seed " +
+           std::to_string(seed_) + ")";
+  }
+
   // The entropy of natural text is not known, so there is no floor to report.
   std::optional<double> entropy_floor() const { return std::nullopt; }
   std::optional<double> entropy_floor(std::int64_t) const { return std::nullopt; }

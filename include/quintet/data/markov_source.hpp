@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -72,6 +73,13 @@ class markov_source {
   std::int64_t vocab_size() const { return table_.vocab(); }
   int order() const { return table_.order(); }
   std::uint64_t seed() const { return seed_; }
+
+  // One line for logs and reports.
+  std::string description() const {
+    return "markov(vocab " + std::to_string(vocab_size()) + ", order " + std::to_string(order()) +
+           ", " + std::to_string(table_.transition_count()) + " transitions, seed " +
+           std::to_string(seed_) + ")";
+  }
 
   // pi: the stationary distribution over contexts (exact zeros on transient contexts).
   std::span<const double> stationary() const { return stationary_; }
