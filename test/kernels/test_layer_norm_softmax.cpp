@@ -187,3 +187,32 @@ TEST_CASE("softmax_backward equals finite differences of the forward", "[kernels
   REQUIRE_THROWS_WITH(k::softmax_forward(ctx, a, b),
                       Catch::Contains("softmax_forward needs equal shapes"));
 }
+
+TEST_CASE("the row exponential matches exp to 1.1e-7 relative, and through the subnormals",
+          "[kernels][softmax]") {
+  std::vector<float> x;
+  for (double v = -110.0; v < 88.7; v += 0.0137) x.push_back(static_cast<float>(v));
+  x.push_back(-1e30f);
+  x.push_back(-INFINITY);
+  std::vector<float> y(x.size());
+  quintet::kernels::host_impl::exponentials(x.data(), y.data(),
+                                            static_cast<std::int64_t>(x.size()));
+  double worst_relative = 0, worst_steps = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const double want = std::exp(static_cast<double>(x[i]));
+    const double error = std::abs(static_cast<double>(y[i]) - want);
+    // Normal results: relative error; subnormal ones: within one subnormal step (2^-149).
+    if (want >= 0x1p-126) {
+      worst_relative = std::max(worst_relative, error / want);
+    } else {
+      worst_steps = std::max(worst_steps, error / 0x1p-149);
+    }
+  }
+  REQUIRE(worst_relative <= 1.1e-7);
+  REQUIRE(worst_steps <= 1.0);
+  float special[] = {NAN, INFINITY, 0.0f};
+  quintet::kernels::host_impl::exponentials(special, special, 3);
+  REQUIRE(std::isnan(special[0]));
+  REQUIRE(special[1] == Approx(std::exp(static_cast<double>(88.7f))).epsilon(1e-6));  // saturates
+  REQUIRE(special[2] == 1.0f);
+}

@@ -7,6 +7,7 @@
 
 #include <quintet/kernels/accumulator.hpp>
 #include <quintet/kernels/execution.hpp>
+#include <quintet/kernels/host/exponential.hpp>
 #include <quintet/kernels/host/lanes.hpp>
 #include <quintet/kernels/host/matmul.hpp>
 
@@ -132,14 +133,16 @@ void causal_weights(T* scores, std::int64_t first, std::int64_t rows, std::int64
     if (compute_lse) {
       T peak = -std::numeric_limits<T>::infinity();
       for (std::int64_t j = 0; j < valid; ++j) peak = std::max(peak, row[j]);
-      for (std::int64_t j = 0; j < valid; ++j) row[j] = std::exp(row[j] - peak);
+      lane_map(row, valid, [&](std::int64_t j) { return row[j] - peak; });
+      exponentials(row, row, valid);
       const T total = lane_sum<T>(valid, [&](std::int64_t j) { return row[j]; });
       lse[i] = peak + std::log(total);
       const T inv = T(1) / total;
       lane_map(row, valid, [&](std::int64_t j) { return row[j] * inv; });
     } else {
       shift = lse[i];
-      for (std::int64_t j = 0; j < valid; ++j) row[j] = std::exp(row[j] - shift);
+      lane_map(row, valid, [&](std::int64_t j) { return row[j] - shift; });
+      exponentials(row, row, valid);
     }
     for (std::int64_t j = valid; j < cols; ++j) row[j] = T(0);
   }

@@ -5,11 +5,14 @@
 
 #include <quintet/core/error.hpp>
 #include <quintet/kernels/accumulator.hpp>
+#include <quintet/kernels/host/exponential.hpp>
+#include <quintet/kernels/host/lanes.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 namespace quintet::kernels::host_impl {
 
@@ -23,6 +26,7 @@ cross_entropy_totals cross_entropy_forward(const T* logits, const std::int32_t* 
                                            std::int64_t rows, std::int64_t vocab,
                                            std::int32_t ignore_index) {
   cross_entropy_totals totals;
+  std::vector<Acc> e(static_cast<std::size_t>(vocab));  // one row's exp(x - max)
   for (std::int64_t r = 0; r < rows; ++r) {
     const T* row = logits + r * vocab;
     const std::int32_t target = targets[r];
@@ -32,9 +36,10 @@ cross_entropy_totals cross_entropy_forward(const T* logits, const std::int32_t* 
                   target, r, vocab, ignore_index);
     Acc peak = -std::numeric_limits<Acc>::infinity();
     for (std::int64_t j = 0; j < vocab; ++j) peak = std::max(peak, widen(row[j]));
-    Acc sum = 0;
-    for (std::int64_t j = 0; j < vocab; ++j) sum += std::exp(widen(row[j]) - peak);
-    lse[r] = peak + std::log(sum);
+    Acc* shifted = e.data();
+    lane_map(shifted, vocab, [&](std::int64_t j) { return widen(row[j]) - peak; });
+    exponentials(shifted, shifted, vocab);
+    lse[r] = peak + std::log(lane_sum<Acc>(vocab, [&](std::int64_t j) { return shifted[j]; }));
     if (target == ignore_index) continue;
     totals.loss_sum += static_cast<double>(lse[r]) - static_cast<double>(widen(row[target]));
     ++totals.count;
@@ -47,6 +52,7 @@ template <class T, class Acc = accumulator_t<T>>
 void cross_entropy_backward(const T* logits, const std::int32_t* targets, const Acc* lse,
                             T* dlogits, std::int64_t rows, std::int64_t vocab, Acc scale,
                             std::int32_t ignore_index) {
+  std::vector<Acc> e(static_cast<std::size_t>(vocab));  // one row's softmax
   for (std::int64_t r = 0; r < rows; ++r) {
     const T* row = logits + r * vocab;
     T* out = dlogits + r * vocab;
@@ -58,10 +64,11 @@ void cross_entropy_backward(const T* logits, const std::int32_t* targets, const 
     QUINTET_CHECK(target >= 0 && target < vocab,
                   "cross_entropy_backward: target {} of row {} is outside the vocabulary [0, {})",
                   target, r, vocab);
-    for (std::int64_t j = 0; j < vocab; ++j) {
-      const Acc p = std::exp(widen(row[j]) - lse[r]);
-      out[j] = narrow<T>(scale * (p - (j == target ? Acc(1) : Acc(0))));
-    }
+    Acc* shifted = e.data();
+    lane_map(shifted, vocab, [&](std::int64_t j) { return widen(row[j]) - lse[r]; });
+    exponentials(shifted, shifted, vocab);
+    lane_map(out, vocab, [&](std::int64_t j) { return narrow<T>(scale * shifted[j]); });
+    out[target] = narrow<T>(scale * (shifted[target] - Acc(1)));
   }
 }
 

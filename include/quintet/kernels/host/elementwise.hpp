@@ -3,8 +3,10 @@
 #pragma once
 
 #include <quintet/kernels/accumulator.hpp>
+#include <quintet/kernels/host/exponential.hpp>
 #include <quintet/kernels/host/lanes.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -43,19 +45,30 @@ struct gelu_constants {
   static constexpr Acc cubic = Acc(0.044715);
 };
 
-template <class Acc>
-inline Acc gelu_sigmoid(Acc x) {  // sigmoid(2u) = 0.5 (1 + tanh(u))
+// exp(-2u) for a chunk of x (then s = 1 / (1 + exp(-2u))).
+template <class T, class Acc = accumulator_t<T>>
+void gelu_exponentials(const T* x, Acc* out, std::int64_t n) {
   using k = gelu_constants<Acc>;
-  const Acc u = k::sqrt_2_over_pi * (x + k::cubic * x * x * x);
-  return Acc(1) / (Acc(1) + std::exp(Acc(-2) * u));
+  lane_map(out, n, [&](std::int64_t i) {
+    const Acc v = widen(x[i]);
+    return Acc(-2) * k::sqrt_2_over_pi * (v + k::cubic * v * v * v);
+  });
+  exponentials(out, out, n);
 }
+
+// Rows of elements are processed in chunks that fit in L1 next to their inputs.
+inline constexpr std::int64_t gelu_chunk = 512;
 
 template <class T>
 void gelu_forward(const T* x, T* y, std::int64_t count) {
   using acc = accumulator_t<T>;
-  for (std::int64_t i = 0; i < count; ++i) {
-    const acc v = widen(x[i]);
-    y[i] = narrow<T>(v * gelu_sigmoid(v));
+  acc e[gelu_chunk];
+  for (std::int64_t first = 0; first < count; first += gelu_chunk) {
+    const std::int64_t n = std::min(gelu_chunk, count - first);
+    const T* xc = x + first;
+    gelu_exponentials(xc, e, n);
+    lane_map(y + first, n,
+             [&](std::int64_t i) { return narrow<T>(widen(xc[i]) / (acc(1) + e[i])); });
   }
 }
 
@@ -66,11 +79,18 @@ template <class T>
 void gelu_backward(const T* x, const T* dy, T* dx, std::int64_t count) {
   using acc = accumulator_t<T>;
   using k = gelu_constants<acc>;
-  for (std::int64_t i = 0; i < count; ++i) {
-    const acc v = widen(x[i]);
-    const acc s = gelu_sigmoid(v);
-    const acc du = k::sqrt_2_over_pi * (acc(1) + acc(3) * k::cubic * v * v);
-    dx[i] = narrow<T>(widen(dy[i]) * (s + acc(2) * v * s * (acc(1) - s) * du));
+  acc e[gelu_chunk];
+  for (std::int64_t first = 0; first < count; first += gelu_chunk) {
+    const std::int64_t n = std::min(gelu_chunk, count - first);
+    const T* xc = x + first;
+    const T* dyc = dy + first;
+    gelu_exponentials(xc, e, n);
+    lane_map(dx + first, n, [&](std::int64_t i) {
+      const acc v = widen(xc[i]);
+      const acc s = acc(1) / (acc(1) + e[i]);
+      const acc du = k::sqrt_2_over_pi * (acc(1) + acc(3) * k::cubic * v * v);
+      return narrow<T>(widen(dyc[i]) * (s + acc(2) * v * s * (acc(1) - s) * du));
+    });
   }
 }
 

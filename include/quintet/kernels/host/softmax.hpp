@@ -3,6 +3,7 @@
 #pragma once
 
 #include <quintet/kernels/accumulator.hpp>
+#include <quintet/kernels/host/exponential.hpp>
 #include <quintet/kernels/host/lanes.hpp>
 
 #include <algorithm>
@@ -23,7 +24,9 @@ void softmax_forward(const T* x, T* y, std::int64_t rows, std::int64_t n) {
     T* yr = y + r * n;
     acc peak = -std::numeric_limits<acc>::infinity();
     for (std::int64_t j = 0; j < n; ++j) peak = std::max(peak, widen(xr[j]));
-    for (std::int64_t j = 0; j < n; ++j) e[j] = std::exp(widen(xr[j]) - peak);
+    acc* shifted = e.data();
+    lane_map(shifted, n, [&](std::int64_t j) { return widen(xr[j]) - peak; });
+    exponentials(shifted, shifted, n);
     const acc inv = acc(1) / lane_sum<acc>(n, [&](std::int64_t j) { return e[j]; });
     lane_map(yr, n, [&](std::int64_t j) { return narrow<T>(e[j] * inv); });
   }
