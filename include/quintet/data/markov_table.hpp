@@ -18,12 +18,12 @@ namespace quintet {
 // The synthetic corpus: `successors` distinct next tokens per context, their probabilities drawn
 // as normalised (Exp(1) + 0.1) weights (a Dirichlet(1) draw kept away from zero, so the chain
 // mixes quickly). The defaults are what examples/train_gpt learns from: order 2 makes the model
-// attend to the previous token, and 16^2 contexts x 4 successors are few enough for a small GPT
+// attend to the previous token, and 16^2 contexts x 3 successors are few enough for a small GPT
 // to learn in minutes on 2 cores (32^2 contexts were not; see docs/data.md).
 struct markov_config {
   std::int64_t vocab = 16;
   int order = 2;
-  int successors = 4;
+  int successors = 3;
   std::uint64_t seed = 0;
 };
 
