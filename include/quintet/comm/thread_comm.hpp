@@ -129,6 +129,8 @@ struct thread_group_state {
   std::vector<std::shared_ptr<thread_group_state>> split_results;  // leader -> new group
 
   alignas(64) std::atomic<int> arrived{0};
+  // The next chunk of a large all-reduce to claim; reset at every barrier, when nobody claims.
+  alignas(64) std::atomic<std::int64_t> next_chunk{0};
   alignas(64) std::atomic<std::uint64_t> generation{0};
   std::atomic<int> sleepers{0};
   std::mutex mutex;
@@ -253,17 +255,25 @@ class thread_comm : public communicator_api<thread_comm, host> {
       return;
     }
     enter(entry);
-    // Each rank reduces its 1/n share, reading it from every input once and writing it to every
-    // output once: a reduce-scatter and all-gather in one pass.
+    // The ranks claim chunks (64-byte aligned, at least 4 per rank) until none is left; a chunk
+    // is read from every input once and written to every output once: a reduce-scatter and an
+    // all-gather in one pass. Claiming instead of fixed 1/n shares lets running ranks take over
+    // the work of a preempted one (8 ranks share 2 cores in the tests). Which rank reduces a
+    // chunk does not change its bits: every chunk is combined in rank order.
     std::vector<const void*> inputs(n);
     std::vector<void*> outputs(n);
     for (int j = 0; j < n; ++j) {
       inputs[j] = peer_entry(j).in;
       outputs[j] = peer_entry(j).out;
     }
-    const auto [begin, end] = share_of(rank_, in.count, in.type);
+    const std::int64_t chunk = chunk_elements(in.count, in.type);
     const bool streaming = bytes >= detail::thread_comm_streaming_bytes;
-    detail::reduce_buffers(in.type, inputs, outputs, begin, end - begin, op, streaming);
+    auto& next = group_->next_chunk;
+    for (std::int64_t begin = next.fetch_add(1, std::memory_order_relaxed) * chunk;
+         begin < in.count; begin = next.fetch_add(1, std::memory_order_relaxed) * chunk) {
+      detail::reduce_buffers(in.type, inputs, outputs, begin, std::min(chunk, in.count - begin), op,
+                             streaming);
+    }
     if (streaming) detail::stream_fence();
     arrive_and_wait("all_reduce");
   }
@@ -533,6 +543,7 @@ class thread_comm : public communicator_api<thread_comm, host> {
     const std::uint64_t generation = group.generation.load(std::memory_order_acquire);
     if (group.arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == n) {
       group.arrived.store(0, std::memory_order_relaxed);
+      group.next_chunk.store(0, std::memory_order_relaxed);
       group.generation.store(generation + 1, std::memory_order_seq_cst);
       if (group.sleepers.load(std::memory_order_seq_cst) > 0) {
         { const std::lock_guard lock(group.mutex); }
@@ -557,13 +568,13 @@ class thread_comm : public communicator_api<thread_comm, host> {
         });
   }
 
-  // Splits [0, count) into n shares on 64-byte boundaries, so ranks never write the same line.
-  std::pair<std::int64_t, std::int64_t> share_of(int rank, std::int64_t count, dtype type) const {
-    const std::int64_t align = std::max<std::int64_t>(1, 64 / std::int64_t(size_of(type)));
-    const std::int64_t blocks = (count + align - 1) / align;
-    const int n = size();
-    auto boundary = [&](int r) { return std::min(count, blocks * r / n * align); };
-    return {boundary(rank), boundary(rank + 1)};
+  // Chunks of a large all-reduce: at most 64 KiB and at least 4 per rank, on 64-byte boundaries
+  // so that ranks never write the same cache line.
+  std::int64_t chunk_elements(std::int64_t count, dtype type) const {
+    const auto element = static_cast<std::int64_t>(size_of(type));
+    const std::int64_t align = std::max<std::int64_t>(1, 64 / element);
+    const std::int64_t wanted = std::min<std::int64_t>((64 << 10) / element, count / (4 * size()));
+    return std::max(align, wanted / align * align);
   }
 
   // `total` is the size of the whole message, which decides whether streaming stores pay.
