@@ -22,3 +22,14 @@
 #if defined(QUINTET_WITH_CUDA)
 #include <quintet/tensor/cuda_memory.hpp>
 #endif
+
+// Communicators and the device mesh; mpi_comm where the target has MPI. nccl_comm is included
+// explicitly (it needs NCCL).
+#include <quintet/comm/communicator.hpp>
+#include <quintet/comm/counting_comm.hpp>
+#include <quintet/comm/thread_comm.hpp>
+#include <quintet/mesh/device_mesh.hpp>
+#include <quintet/mesh/mesh_layout.hpp>
+#if defined(QUINTET_WITH_MPI)
+#include <quintet/comm/mpi_comm.hpp>
+#endif
