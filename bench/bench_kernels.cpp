@@ -104,10 +104,12 @@ void interleaved(benchmark::State& state, Ours&& ours, Reference&& reference, do
   }
 }
 
-// Arguments: m, n, k, transpose_b. quintet's matmul with every core vs cblas_sgemm, same threads.
+// Arguments: m, n, k, transpose_b, threads (0: every core). quintet's matmul vs cblas_sgemm on
+// the same thread count (quintet's context sets it; the direct call inherits it).
 void matmul_vs_openblas(benchmark::State& state) {
   auto g = make_operands(state.range(0), state.range(1), state.range(2), state.range(3) != 0);
-  const auto ctx = execution<host>::all_cores();
+  const auto ctx = state.range(4) == 0 ? execution<host>::all_cores()
+                                       : execution<host>(static_cast<int>(state.range(4)));
   const k::matmul_options options{.transpose_b = g.transpose_b};
   double ours = 0, reference = 0;
   interleaved(
@@ -137,8 +139,16 @@ void matmul_portable_vs_openblas(benchmark::State& state) {
 }
 
 void matmul_arguments(benchmark::internal::Benchmark* b) {
+  for (const std::int64_t threads : {0, 1}) {
+    for (const std::int64_t n : {256, 512, 1024, 2048}) b->Args({n, n, n, 0, threads});
+    // A linear layer: x (batch 8 x seq 256, 768) times W (3072, 768) transposed.
+    b->Args({2048, 3072, 768, 1, threads});
+  }
+  b->Unit(benchmark::kMillisecond)->UseManualTime();
+}
+
+void portable_arguments(benchmark::internal::Benchmark* b) {
   for (const std::int64_t n : {256, 512, 1024, 2048}) b->Args({n, n, n, 0});
-  // A linear layer: x (batch 8 x seq 256, 768) times W (3072, 768) transposed.
   b->Args({2048, 3072, 768, 1});
   b->Unit(benchmark::kMillisecond)->UseManualTime();
 }
@@ -275,7 +285,7 @@ void row_arguments(benchmark::internal::Benchmark* b) {
 }  // namespace
 
 BENCHMARK(matmul_vs_openblas)->Apply(matmul_arguments);
-BENCHMARK(matmul_portable_vs_openblas)->Apply(matmul_arguments);
+BENCHMARK(matmul_portable_vs_openblas)->Apply(portable_arguments);
 BENCHMARK(layer_norm_forward)->Apply(row_arguments);
 BENCHMARK(layer_norm_backward)->Apply(row_arguments);
 BENCHMARK(softmax_forward)->Apply(row_arguments);
