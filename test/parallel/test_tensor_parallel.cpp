@@ -8,6 +8,7 @@
 // difference stays within 1e-4 relative or 2e-6 absolute at lr = 1e-3.
 #include <catch2/catch.hpp>
 
+#include <quintet/comm/counting_comm.hpp>
 #include <quintet/comm/thread_comm.hpp>
 #include <quintet/data/markov_source.hpp>
 #include <quintet/mesh/device_mesh.hpp>
@@ -159,4 +160,39 @@ TEST_CASE("tensor parallelism rejects heads that do not divide over tp", "[parit
         registry, exec, {.vocab = 8, .max_seq = 8, .layers = 1, .d_model = 12, .heads = 4}, &mesh);
   }),
                       Catch::Contains("4 heads do not divide over tp = 3"));
+}
+
+TEST_CASE("tensor parallelism moves 2 all-reduces of b*s*h forward and 2 backward per layer",
+          "[parity][tensor][volume]") {
+  using counted_comm = quintet::counting_comm<quintet::thread_comm>;
+  using counted_mesh = quintet::device_mesh<counted_comm>;
+  constexpr int tp = 2;
+  std::vector<quintet::comm_tally> forward(tp), backward(tp);
+  quintet::thread_world{tp}.run([&](quintet::thread_comm& world) {
+    const quintet::execution<host> exec;
+    counted_comm counted(world.split(0, world.rank()));
+    counted_mesh mesh(counted, {.tp = tp});
+    quintet::nn::parameter_registry<float, host> registry(
+        seed, par::position_in(mesh.layout(), world.rank()));
+    quintet::nn::gpt<float, host, tp_plan, counted_mesh> model(registry, exec, config, &mesh);
+    const auto batch = source.batch(0, {0, 4}, 8);
+    counted.ledger().clear();  // forget the splits that built the mesh
+    quintet::nn::context<host> ctx;
+    const auto loss = model.forward(ctx, batch.inputs.view(), batch.targets.view());
+    forward[world.rank()] = counted.ledger().tally("tp", quintet::comm_operation::all_reduce);
+    counted.ledger().clear();
+    model.backward(ctx, 1.0 / static_cast<double>(loss.count));
+    backward[world.rank()] = counted.ledger().tally("tp", quintet::comm_operation::all_reduce);
+  });
+  // b * s * h elements of fp32 per all-reduce, 2 per layer each way; bus bytes 2(n-1)/n of that.
+  const std::int64_t bsh_bytes = 4 * 8 * config.d_model * 4;
+  const std::int64_t per_direction = 2 * config.layers;
+  for (int r = 0; r < tp; ++r) {
+    INFO("rank " << r);
+    CHECK(forward[r].calls == per_direction);
+    CHECK(forward[r].bytes == per_direction * bsh_bytes);
+    CHECK(forward[r].bus_bytes == Approx(per_direction * bsh_bytes * 2.0 * (tp - 1) / tp));
+    CHECK(backward[r].calls == per_direction);
+    CHECK(backward[r].bytes == per_direction * bsh_bytes);
+  }
 }
