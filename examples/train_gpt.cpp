@@ -5,8 +5,11 @@
 //
 // Prints a progress line every --log-every steps (loss, the source's floor, tokens/s, ms/step) and
 // a summary; --report writes the configuration and the loss of every step as JSON.
+#include <quintet/comm/thread_comm.hpp>
 #include <quintet/data/byte_corpus.hpp>
 #include <quintet/data/markov_source.hpp>
+#include <quintet/mesh/device_mesh.hpp>
+#include <quintet/parallel/plan.hpp>
 #include <quintet/train/json_writer.hpp>
 #include <quintet/train/trainer.hpp>
 
@@ -32,7 +35,9 @@ struct program_options {
   std::string data_path;
   std::string report_path;
   std::int64_t log_every = 50;
-  int threads = 0;  // 0: every core
+  int threads = 0;  // 0: every core (serial), 1 per rank (parallel)
+  int world = 1;    // thread ranks
+  int tp = 1;       // tensor-parallel degree
 };
 
 // The loss the summary reports: the mean over the last tenth of the run (at least one step), so
@@ -61,6 +66,8 @@ void write_report(const std::string& path, const program_options& options,
       .member("mlp_hidden", m.hidden())
       .member("tie_weights", m.tie_weights)
       .end_object();
+  json.key("parallel").begin_object().member("world", options.world).member("tp", options.tp);
+  json.end_object();
   json.key("training")
       .begin_object()
       .member("steps", t.steps)
@@ -97,22 +104,24 @@ void write_report(const std::string& path, const program_options& options,
   QUINTET_CHECK(out.good(), "writing report file '{}' failed", path);
 }
 
-template <class Source>
-int train(const Source& source, program_options options) {
-  options.model.vocab = source.vocab_size();
-  options.model.max_seq = options.training.seq;
-  const quintet::execution<quintet::host> exec =
-      options.threads == 0 ? quintet::execution<quintet::host>::all_cores()
-                           : quintet::execution<quintet::host>(options.threads);
-  quintet::train::trainer<float, Source> trainer(source, options.model, options.training, exec);
+// One rank's training run; rank 0 (`printer`) prints and writes the report.
+template <class Plan, class Mesh, class Source>
+void run_rank(const Source& source, const program_options& options,
+              const quintet::execution<quintet::host>& exec, Mesh* mesh, bool printer) {
+  quintet::train::trainer<float, Source, Plan, Mesh> trainer(source, options.model,
+                                                             options.training, exec, mesh);
   const std::optional<double> floor = source.entropy_floor(options.training.seq);
   const auto& t = options.training;
-  fmt::print("quintet train_gpt: {} parameters, {} layers, d_model {}, {} heads, vocab {}\n",
-             trainer.parameters().global_numel(), options.model.layers, options.model.d_model,
-             options.model.heads, options.model.vocab);
-  fmt::print("  batch {} x seq {} ({} micro-batches), {} steps, lr {} -> {}, {} host threads\n",
-             t.batch, t.seq, t.micro_batches, t.steps, t.lr, t.min_lr, exec.threads());
-  if (floor) fmt::print("  entropy floor of the source: {:.4f} nats/token\n", *floor);
+  if (printer) {
+    fmt::print("quintet train_gpt: {} parameters, {} layers, d_model {}, {} heads, vocab {}\n",
+               trainer.parameters().global_numel(), options.model.layers, options.model.d_model,
+               options.model.heads, options.model.vocab);
+    fmt::print("  batch {} x seq {} ({} micro-batches), {} steps, lr {} -> {}\n", t.batch, t.seq,
+               t.micro_batches, t.steps, t.lr, t.min_lr);
+    fmt::print("  {} rank(s), tensor parallel {}, {} host thread(s) per rank\n", options.world,
+               options.tp, exec.threads());
+    if (floor) fmt::print("  entropy floor of the source: {:.4f} nats/token\n", *floor);
+  }
 
   std::vector<quintet::train::step_metrics> history;
   double seconds = 0.0;
@@ -122,7 +131,7 @@ int train(const Source& source, program_options options) {
     const auto& m = history.back();
     seconds += m.seconds;
     tokens += m.tokens;
-    if (m.step % options.log_every == 0 || m.step + 1 == t.steps) {
+    if (printer && (m.step % options.log_every == 0 || m.step + 1 == t.steps)) {
       fmt::print(
           "step {:5d}  loss {:.4f}  floor {}  gap {}  |g| {:.3f}  lr {:.2e}  {:.0f} tok/s  {:.1f} "
           "ms/step\n",
@@ -132,6 +141,7 @@ int train(const Source& source, program_options options) {
       std::fflush(stdout);
     }
   }
+  if (!printer) return;
   const double loss = final_loss(history);
   fmt::print("summary: final loss {:.4f} (mean of the last {} steps)", loss,
              std::max<std::size_t>(1, history.size() / 10));
@@ -142,6 +152,36 @@ int train(const Source& source, program_options options) {
     write_report(options.report_path, options, floor, history);
     fmt::print("report written to {}\n", options.report_path);
   }
+}
+
+template <class Source>
+int train(const Source& source, program_options options) {
+  options.model.vocab = source.vocab_size();
+  options.model.max_seq = options.training.seq;
+  QUINTET_CHECK(options.world >= 1 && options.tp >= 1, "--world {} and --tp {} must be positive",
+                options.world, options.tp);
+  QUINTET_CHECK(options.world == options.tp,
+                "--world {} must equal --tp {}: tensor parallelism is the only strategy "
+                "implemented so far",
+                options.world, options.tp);
+  if (options.world == 1) {
+    const auto exec = options.threads == 0 ? quintet::execution<quintet::host>::all_cores()
+                                           : quintet::execution<quintet::host>(options.threads);
+    run_rank<quintet::serial_plan, quintet::parallel::no_mesh>(source, options, exec, nullptr,
+                                                               true);
+    return 0;
+  }
+  // Runtime choices -> plan types: the dispatch table a user writes for a binary that must run
+  // several plans. Each plan instantiates its own model code; what it does not use compiles away.
+  namespace par = quintet::parallel;
+  using tensor_plan = quintet::plan<par::tensor<par::megatron_1d>>;
+  using mesh_type = quintet::device_mesh<quintet::thread_comm>;
+  quintet::thread_world{options.world}.run([&](quintet::thread_comm& world) {
+    // The ranks are the parallelism: each rank's kernels run on one thread unless told otherwise.
+    const quintet::execution<quintet::host> exec(options.threads == 0 ? 1 : options.threads);
+    mesh_type mesh(world, {.tp = options.tp});
+    run_rank<tensor_plan>(source, options, exec, &mesh, world.rank() == 0);
+  });
   return 0;
 }
 
@@ -184,8 +224,13 @@ int main(int argc, char** argv) {
   app.add_option("--log-every", options.log_every, "steps between progress lines")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  app.add_option("--world", options.world, "ranks, as threads of this process")
+      ->capture_default_str();
+  app.add_option("--tp", options.tp, "tensor-parallel degree (Megatron column/row linears)")
+      ->capture_default_str();
   app.add_option("--threads", options.threads,
-                 "host threads for the matrix products (0: every core)")
+                 "host threads per rank for the matrix products (0: every core when serial, "
+                 "1 per rank when parallel)")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 

@@ -1,6 +1,8 @@
 // trainer: the training loop of a GPT on one rank — global batches from a token source split into
 // micro-batches whose gradients accumulate, the mean loss, global-norm clipping, AdamW with a
-// cosine schedule, and a stop naming the step when the loss stops being a number.
+// cosine schedule, and a stop naming the step when the loss stops being a number. Under a plan
+// the rank holds its part of the model; every rank of a tensor-parallel group runs the same
+// loop on the same batch.
 #pragma once
 
 #include <quintet/core/error.hpp>
@@ -13,10 +15,15 @@
 #include <quintet/optim/adamw.hpp>
 #include <quintet/optim/gradient_norm.hpp>
 #include <quintet/optim/lr_schedule.hpp>
+#include <quintet/parallel/gradient_norm.hpp>
+#include <quintet/parallel/placement.hpp>
+#include <quintet/parallel/plan.hpp>
+#include <quintet/parallel/projections.hpp>
 
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 namespace quintet::train {
@@ -56,17 +63,22 @@ struct step_metrics {
   std::int64_t tokens = 0;  // targets in the global batch
 };
 
-template <class T, class Source>
+template <class T, class Source, class Plan = serial_plan, class Mesh = parallel::no_mesh>
 requires token_source<Source>
 class trainer {
+  static constexpr bool serial = std::is_same_v<Mesh, parallel::no_mesh>;
+
  public:
+  // `mesh` is this rank's device mesh (null for the serial model). Strategies the plan does not
+  // implement yet must have degree 1.
   trainer(const Source& source, const nn::gpt_config& model, const training_options& options,
-          const execution<host>& exec)
+          const execution<host>& exec, Mesh* mesh = nullptr)
       : source_(source),
         options_((options.validate(), options)),
         exec_(exec),
-        registry_(options.seed),
-        model_(registry_, exec_, model),
+        mesh_(checked_mesh(mesh)),
+        registry_(options.seed, position_of(mesh)),
+        model_(registry_, exec_, model, mesh),
         optimizer_(registry_, exec_,
                    {.lr = options.lr,
                     .beta1 = options.beta1,
@@ -81,8 +93,8 @@ class trainer {
                   "training: sequence length {} exceeds the model's position table ({})",
                   options.seq, model.max_seq);
   }
-  trainer(const Source&, const nn::gpt_config&, const training_options&,
-          const execution<host>&&) = delete;
+  trainer(const Source&, const nn::gpt_config&, const training_options&, const execution<host>&&,
+          Mesh* = nullptr) = delete;
 
   // Runs the next step; throws quintet::error naming the step if its loss is NaN or infinite.
   step_metrics train_step() {
@@ -107,7 +119,12 @@ class trainer {
     }
     const double loss = loss_sum / static_cast<double>(tokens);
     QUINTET_CHECK(std::isfinite(loss), "training stopped at step {}: the loss is {}", step, loss);
-    const double norm = optim::global_gradient_norm(exec_, registry_);
+    double norm = 0.0;
+    if constexpr (serial) {
+      norm = optim::global_gradient_norm(exec_, registry_);
+    } else {
+      norm = parallel::global_gradient_norm(exec_, registry_, *mesh_);
+    }
     const double lr = schedule_(step);
     optimizer_.step(lr, optim::clip_factor(norm, options_.clip_norm));
     ++next_step_;
@@ -120,11 +137,33 @@ class trainer {
   const training_options& options() const { return options_; }
 
  private:
+  static Mesh* checked_mesh(Mesh* mesh) {
+    if constexpr (!serial) {
+      QUINTET_CHECK(mesh != nullptr, "training under a parallel plan needs the device mesh");
+      const mesh_degrees& d = mesh->degrees();
+      QUINTET_CHECK(d.dp == 1 && d.pp == 1 && d.sp == 1 && d.ep == 1,
+                    "training: only tensor parallelism is implemented so far; the mesh has dp {}, "
+                    "pp {}, sp {}, ep {}",
+                    d.dp, d.pp, d.sp, d.ep);
+      QUINTET_CHECK(d.tp == 1 || parallel::uses_tensor_parallel<Plan>,
+                    "training: the mesh has tp = {} but the plan has no tensor policy", d.tp);
+    }
+    return mesh;
+  }
+  static parallel::mesh_position position_of(Mesh* mesh) {
+    if constexpr (serial) {
+      return {};
+    } else {
+      return parallel::position_in(mesh->layout(), mesh->world_rank());
+    }
+  }
+
   const Source& source_;
   training_options options_;
   const execution<host>& exec_;
+  Mesh* mesh_;
   nn::parameter_registry<T, host> registry_;
-  nn::gpt<T, host> model_;
+  nn::gpt<T, host, Plan, Mesh> model_;
   optim::adamw<T, host> optimizer_;
   optim::cosine_schedule schedule_;
   std::int64_t next_step_ = 0;
