@@ -1,0 +1,89 @@
+// A full serial training step of train_gpt's default model (2 layers, d_model 64, 4 heads, batch
+// 16 x seq 64, vocabulary 16): tokens/s, and the share of the step spent in matrix products,
+// measured in the same run by replaying the step's products (same shapes, same execution
+// context) on their own.
+#include <benchmark/benchmark.h>
+
+#include <quintet/data/markov_source.hpp>
+#include <quintet/kernels/matmul.hpp>
+#include <quintet/tensor/random.hpp>
+#include <quintet/train/trainer.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+using quintet::host;
+using quintet::shape;
+using host_tensor = quintet::tensor<float, host>;
+
+const quintet::nn::gpt_config model{
+    .vocab = 16, .max_seq = 64, .layers = 2, .d_model = 64, .heads = 4};
+constexpr std::int64_t batch = 16, seq = 64, rows = batch * seq;
+
+// The three products of one linear layer (in -> out) over `rows` rows: forward y = x W^T, and in
+// backward dW += dy^T x and dx = dy W.
+struct linear_products {
+  host_tensor x, w, y, dw, dx;
+  linear_products(std::int64_t in, std::int64_t out)
+      : x(shape{rows, in}),
+        w(shape{out, in}),
+        y(shape{rows, out}),
+        dw(shape{out, in}),
+        dx(shape{rows, in}) {
+    quintet::fill_normal(x, {.seed = 1, .stream = 1}, 0.0, 1.0);
+    quintet::fill_normal(w, {.seed = 1, .stream = 2}, 0.0, 0.02);
+    quintet::fill_normal(y, {.seed = 1, .stream = 3}, 0.0, 1.0);  // stands for dy in backward
+    quintet::fill(dw, 0.0f);
+  }
+  void run(const quintet::execution<host>& exec) {
+    quintet::kernels::matmul(exec, x, w, y, {.transpose_b = true});
+    quintet::kernels::matmul(exec, y, x, dw, {.transpose_a = true, .beta = 1.0});
+    quintet::kernels::matmul(exec, y, w, dx);
+  }
+};
+
+void serial_train_step(benchmark::State& state) {
+  const auto exec = quintet::execution<host>::all_cores();
+  const quintet::markov_source source({.vocab = 16, .order = 2, .successors = 3, .seed = 1});
+  quintet::train::trainer<float, quintet::markov_source> trainer(
+      source, model, {.steps = 1 << 30, .batch = batch, .seq = seq, .warmup_steps = 0}, exec);
+  trainer.train_step();  // untimed warm-up
+
+  double step_seconds = 0;
+  for (auto _ : state) {
+    const auto start = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(trainer.train_step().loss);
+    step_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+
+  // The step's products: per block qkv (d -> 3d), attention output (d -> d), fc (d -> 4d) and MLP
+  // output (4d -> d); then the tied LM head (d -> vocab).
+  const std::int64_t d = model.d_model;
+  std::vector<linear_products> products;
+  for (std::int64_t l = 0; l < model.layers; ++l) {
+    products.emplace_back(d, 3 * d);
+    products.emplace_back(d, d);
+    products.emplace_back(d, 4 * d);
+    products.emplace_back(4 * d, d);
+  }
+  products.emplace_back(d, model.vocab);
+  for (auto& p : products) p.run(exec);  // warm-up
+  const auto replay_start = std::chrono::steady_clock::now();
+  for (std::int64_t i = 0; i < state.iterations(); ++i)
+    for (auto& p : products) p.run(exec);
+  const double matmul_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - replay_start).count();
+
+  state.counters["tokens_per_second"] =
+      benchmark::Counter(static_cast<double>(rows * state.iterations()) / step_seconds);
+  state.counters["ms_per_step"] = 1e3 * step_seconds / static_cast<double>(state.iterations());
+  state.counters["matmul_share"] = matmul_seconds / step_seconds;
+}
+
+}  // namespace
+
+BENCHMARK(serial_train_step)->Unit(benchmark::kMillisecond)->MinTime(2.0)->UseRealTime();
+BENCHMARK_MAIN();
