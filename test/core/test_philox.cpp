@@ -21,9 +21,13 @@ TEST_CASE("philox4x32_10 reproduces the Random123 known-answer vectors", "[core]
   };
   const known_answer vectors[] = {
       {{{0, 0, 0, 0}}, 0, 0, {{0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}}},
-      {{{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}}, 0xffffffff, 0xffffffff,
+      {{{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}},
+       0xffffffff,
+       0xffffffff,
        {{0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}}},
-      {{{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}}, 0xa4093822, 0x299f31d0,
+      {{{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}},
+       0xa4093822,
+       0x299f31d0,
        {{0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}}},
   };
   for (const auto& v : vectors) {
@@ -39,13 +43,14 @@ TEST_CASE("draws depend on seed, stream and index, and on nothing else", "[core]
   CHECK(quintet::uniform_float(key, 5) != quintet::uniform_float({.seed = 43, .stream = 7}, 5));
   CHECK(quintet::uniform_float(key, 5) != quintet::uniform_float({.seed = 42, .stream = 8}, 5));
   // Indices past 2^32 use the high counter word.
-  CHECK(quintet::uniform_double(key, 3) != quintet::uniform_double(key, 3 + (std::uint64_t{1} << 33)));
+  CHECK(quintet::uniform_double(key, 3) !=
+        quintet::uniform_double(key, 3 + (std::uint64_t{1} << 33)));
   CHECK(quintet::rng_stream_for("blocks.0.attn.qkv.weight") !=
         quintet::rng_stream_for("blocks.1.attn.qkv.weight"));
   STATIC_REQUIRE(quintet::rng_stream_for("") == 0xcbf29ce484222325ull);
 }
 
-TEST_CASE("uniform draws lie in [0, 1) with the moments of U(0, 1)", "[core][philox]") {
+TEST_CASE("uniform draws lie in the unit interval with the moments of U(0, 1)", "[core][philox]") {
   const rng_key key{.seed = 2024, .stream = 1};
   constexpr int n = 200000;
   double sum_f = 0, sum2_f = 0, sum_d = 0, sum2_d = 0;

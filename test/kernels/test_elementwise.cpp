@@ -185,7 +185,7 @@ TEST_CASE("a shard's dropout mask equals that slice of the full tensor's mask",
   }
 }
 
-TEST_CASE("dropout rejects a probability outside [0, 1) and a region of another shape",
+TEST_CASE("dropout rejects a probability outside the unit interval and a region of another shape",
           "[kernels][dropout][errors]") {
   const execution<host> ctx;
   tensor<float, host> x(shape{4, 4}), y(shape{4, 4});

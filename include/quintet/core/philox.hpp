@@ -60,10 +60,9 @@ constexpr std::uint64_t rng_stream_for(std::string_view name) {
 
 // The 128 random bits of block `block` of stream `key`: counter = (block, stream), key = seed.
 QUINTET_HOST_DEVICE inline philox_block random_block(rng_key key, std::uint64_t block) {
-  const philox_block counter{{static_cast<std::uint32_t>(block),
-                              static_cast<std::uint32_t>(block >> 32),
-                              static_cast<std::uint32_t>(key.stream),
-                              static_cast<std::uint32_t>(key.stream >> 32)}};
+  const philox_block counter{
+      {static_cast<std::uint32_t>(block), static_cast<std::uint32_t>(block >> 32),
+       static_cast<std::uint32_t>(key.stream), static_cast<std::uint32_t>(key.stream >> 32)}};
   return philox4x32_10(counter, static_cast<std::uint32_t>(key.seed),
                        static_cast<std::uint32_t>(key.seed >> 32));
 }
@@ -144,14 +143,14 @@ QUINTET_HOST_DEVICE inline double sin_small(double x) {
 
 QUINTET_HOST_DEVICE inline double cos_small(double x) {
   const double y = x * x;
-  double p = 1.0 / 6402373705728000.0;  // 1/18!
-  p = fused_multiply_add(p, y, -1.0 / 20922789888000.0);
-  p = fused_multiply_add(p, y, 1.0 / 87178291200.0);
-  p = fused_multiply_add(p, y, -1.0 / 479001600.0);
-  p = fused_multiply_add(p, y, 1.0 / 3628800.0);
-  p = fused_multiply_add(p, y, -1.0 / 40320.0);
-  p = fused_multiply_add(p, y, 1.0 / 720.0);
-  p = fused_multiply_add(p, y, -1.0 / 24.0);
+  double p = -1.0 / 6402373705728000.0;  // -1/18!
+  p = fused_multiply_add(p, y, 1.0 / 20922789888000.0);
+  p = fused_multiply_add(p, y, -1.0 / 87178291200.0);
+  p = fused_multiply_add(p, y, 1.0 / 479001600.0);
+  p = fused_multiply_add(p, y, -1.0 / 3628800.0);
+  p = fused_multiply_add(p, y, 1.0 / 40320.0);
+  p = fused_multiply_add(p, y, -1.0 / 720.0);
+  p = fused_multiply_add(p, y, 1.0 / 24.0);
   p = fused_multiply_add(p, y, -0.5);
   return fused_multiply_add(p, y, 1.0);
 }
@@ -173,10 +172,14 @@ QUINTET_HOST_DEVICE inline cos_sin cos_sin_two_pi(double u) {
   const double c = complement ? sin_small(x) : cos_small(x);
   const double s = complement ? cos_small(x) : sin_small(x);
   switch (quadrant) {
-    case 0: return {c, s};
-    case 1: return {-s, c};
-    case 2: return {-c, -s};
-    default: return {s, -c};
+    case 0:
+      return {c, s};
+    case 1:
+      return {-s, c};
+    case 2:
+      return {-c, -s};
+    default:
+      return {s, -c};
   }
 }
 
