@@ -8,21 +8,11 @@
 // difference stays within 1e-4 relative or 2e-6 absolute at lr = 1e-3.
 #include <catch2/catch.hpp>
 
+#include "gpt_parity.hpp"
+
 #include <quintet/comm/counting_comm.hpp>
 #include <quintet/comm/thread_comm.hpp>
-#include <quintet/data/markov_source.hpp>
-#include <quintet/mesh/device_mesh.hpp>
-#include <quintet/nn/gpt.hpp>
-#include <quintet/optim/adamw.hpp>
-#include <quintet/optim/gradient_norm.hpp>
-#include <quintet/parallel/gradient_norm.hpp>
-#include <quintet/parallel/placement.hpp>
-#include <quintet/parallel/plan.hpp>
-#include <quintet/tensor/copy.hpp>
 
-#include <cmath>
-#include <map>
-#include <string>
 #include <vector>
 
 using quintet::host;
@@ -30,76 +20,13 @@ using quintet::shape;
 
 namespace {
 
-namespace par = quintet::parallel;
-using tp_plan = quintet::plan<par::tensor<par::megatron_1d>>;
+using namespace quintet::test;
 using mesh_type = quintet::device_mesh<quintet::thread_comm>;
-
-constexpr std::uint64_t seed = 31;
-constexpr int steps = 5;
-constexpr double lr = 1e-3;
-const quintet::nn::gpt_config config{
-    .vocab = 8, .max_seq = 8, .layers = 2, .d_model = 8, .heads = 4, .mlp_hidden = 16};
-const quintet::markov_source source({.vocab = 8, .order = 1, .successors = 3, .seed = 21});
-const quintet::kernels::adamw_hyperparameters adamw_settings{.lr = lr, .weight_decay = 0.1};
-
-struct run_result {
-  std::vector<double> losses;
-  std::map<std::string, quintet::tensor<float, host>> parameters;  // this rank's parts
-  std::map<std::string, quintet::region> regions;
-};
-
-// One training step on the global batch of `step`: the same arithmetic in every run.
-template <class Model, class Norm>
-double train_step(Model& model, quintet::nn::parameter_registry<float, host>& registry,
-                  quintet::optim::adamw<float, host>& optimizer, int step, Norm&& norm) {
-  const auto batch = source.batch(step, {0, 4}, 8);
-  registry.zero_grad();
-  quintet::nn::context<host> ctx;
-  const auto loss = model.forward(ctx, batch.inputs.view(), batch.targets.view());
-  model.backward(ctx, 1.0 / static_cast<double>(loss.count));
-  optimizer.step(lr, quintet::optim::clip_factor(norm(), 1.0));
-  return loss.mean();
-}
-
-void keep_parameters(quintet::nn::parameter_registry<float, host>& registry, run_result& out) {
-  for (auto& p : registry) {
-    quintet::tensor<float, host> copy(p.value.shape());
-    quintet::copy(copy, p.value);
-    out.parameters.emplace(p.name, std::move(copy));
-    out.regions.emplace(p.name, p.local);
-  }
-}
-
-run_result serial_run() {
-  const quintet::execution<host> exec;
-  quintet::nn::parameter_registry<float, host> registry(seed);
-  quintet::nn::gpt<float, host> model(registry, exec, config);
-  quintet::optim::adamw<float, host> optimizer(registry, exec, adamw_settings);
-  run_result out;
-  for (int s = 0; s < steps; ++s)
-    out.losses.push_back(train_step(model, registry, optimizer, s, [&] {
-      return quintet::optim::global_gradient_norm(exec, registry);
-    }));
-  keep_parameters(registry, out);
-  return out;
-}
 
 std::vector<run_result> tensor_parallel_run(int tp) {
   std::vector<run_result> per_rank(tp);
-  quintet::thread_world{tp}.run([&](quintet::thread_comm& world) {
-    const quintet::execution<host> exec;
-    mesh_type mesh(world, {.tp = tp});
-    quintet::nn::parameter_registry<float, host> registry(
-        seed, par::position_in(mesh.layout(), world.rank()));
-    quintet::nn::gpt<float, host, tp_plan, mesh_type> model(registry, exec, config, &mesh);
-    quintet::optim::adamw<float, host> optimizer(registry, exec, adamw_settings);
-    run_result& out = per_rank[world.rank()];
-    for (int s = 0; s < steps; ++s)
-      out.losses.push_back(train_step(model, registry, optimizer, s, [&] {
-        return par::global_gradient_norm(exec, registry, mesh);
-      }));
-    keep_parameters(registry, out);
-  });
+  quintet::thread_world{tp}.run(
+      [&](quintet::thread_comm& world) { per_rank[world.rank()] = tensor_parallel_rank(world); });
   return per_rank;
 }
 
@@ -111,25 +38,8 @@ TEST_CASE("tensor parallel GPT matches the serial GPT step by step", "[parity][t
     INFO("tp = " << tp);
     const auto ranks = tensor_parallel_run(tp);
     for (int r = 0; r < tp; ++r) {
-      for (int s = 0; s < steps; ++s) {
-        INFO("rank " << r << ", step " << s);
-        REQUIRE(ranks[r].losses[s] == Approx(serial.losses[s]).epsilon(1e-5));
-      }
-      for (const auto& [name, shard] : ranks[r].parameters) {
-        // The serial parameter's slice that this rank's shard stands for.
-        const quintet::region& where = ranks[r].regions.at(name);
-        const auto& whole = serial.parameters.at(name);
-        quintet::tensor_view<const float, host> slice = whole.view();
-        for (int d = 0; d < whole.rank(); ++d)
-          slice = quintet::slice(slice, d, where.offsets()[d],
-                                 where.offsets()[d] + where.local_shape()[d]);
-        quintet::tensor<float, host> expected(slice.shape());
-        quintet::copy(expected, slice);
-        for (std::int64_t i = 0; i < shard.numel(); ++i) {
-          INFO(name << "[" << i << "] on rank " << r);
-          REQUIRE(shard.data()[i] == Approx(expected.data()[i]).epsilon(1e-4).margin(2e-6));
-        }
-      }
+      INFO("rank " << r);
+      require_matches_serial(serial, ranks[r]);
     }
     // Sharded parameters really are sharded.
     CHECK(ranks[0].parameters.at("blocks.0.mlp.fc.weight").shape() == shape{16 / tp, 8});
