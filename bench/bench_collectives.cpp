@@ -3,8 +3,9 @@
 // timed loop with no synchronisation inside (time = the slowest rank's), the data checked after
 // timing, and algbw / busbw with the nccl-tests factors. memcpy is the single-thread reference.
 //
-//   bench_collectives [--max-bytes=N] [--thread-ranks=2,4] [benchmark flags]
-//   mpirun -np 2 bench_collectives ...      adds mpi_comm and raw MPI, measured in the same run
+//   bench_collectives [--max-bytes=N] [--thread-ranks=2,4] [--mpi-order=comm-first] [benchmark
+//   flags] mpirun -np 2 bench_collectives ...      adds mpi_comm and raw MPI, measured in the same
+//   run
 #include <benchmark/benchmark.h>
 
 #include <quintet/comm/communicator.hpp>
@@ -301,7 +302,7 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &world_size);
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
 #else
-  const int world_size = 1, world_rank = 0;
+  [[maybe_unused]] const int world_size = 1, world_rank = 0;
 #endif
   const std::string max_flag = take_flag(argc, argv, "max-bytes");
   const std::int64_t max_bytes = max_flag.empty() ? std::int64_t{256} << 20 : std::stoll(max_flag);
@@ -313,6 +314,7 @@ int main(int argc, char** argv) {
     thread_ranks.push_back(std::stoi(ranks_flag.substr(at, comma - at)));
     at = comma + 1;
   }
+  [[maybe_unused]] const std::string mpi_order = take_flag(argc, argv, "mpi-order");
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
 
@@ -343,31 +345,44 @@ int main(int argc, char** argv) {
     }
   }
 #if defined(QUINTET_WITH_MPI)
-  // Raw MPI and mpi_comm alternate size by size, so both see the same machine state.
+  // Raw MPI and mpi_comm alternate size by size, so both see the same machine state;
+  // --mpi-order=comm-first swaps which goes first (to tell an order effect from a real one).
+  const bool comm_first = mpi_order == "comm-first";
   std::unique_ptr<mpi_comm> world;
   if (world_size > 1) {
     world = std::make_unique<mpi_comm>(MPI_COMM_WORLD);
     for (const collective op : all_collectives) {
       for (const std::int64_t bytes : sizes) {
         const std::string suffix = ":" + std::to_string(world_size);
-        benchmark::RegisterBenchmark(label("mpi_raw" + suffix, op, bytes).c_str(),
-                                     [op, bytes](benchmark::State& state) {
-                                       bench_mpi(state, op, bytes, [op](auto& in, auto& out) {
-                                         perform_raw(MPI_COMM_WORLD, op, in, out);
-                                       });
-                                     })
-            ->UseManualTime()
-            ->Iterations(1)
-            ->Unit(benchmark::kMicrosecond);
-        benchmark::RegisterBenchmark(label("mpi_comm" + suffix, op, bytes).c_str(),
-                                     [op, bytes, comm = world.get()](benchmark::State& state) {
-                                       bench_mpi(state, op, bytes, [op, comm](auto& in, auto& out) {
-                                         perform(*comm, op, in, out);
-                                       });
-                                     })
-            ->UseManualTime()
-            ->Iterations(1)
-            ->Unit(benchmark::kMicrosecond);
+        auto register_raw = [&] {
+          benchmark::RegisterBenchmark(label("mpi_raw" + suffix, op, bytes).c_str(),
+                                       [op, bytes](benchmark::State& state) {
+                                         bench_mpi(state, op, bytes, [op](auto& in, auto& out) {
+                                           perform_raw(MPI_COMM_WORLD, op, in, out);
+                                         });
+                                       })
+              ->UseManualTime()
+              ->Iterations(1)
+              ->Unit(benchmark::kMicrosecond);
+        };
+        auto register_comm = [&] {
+          benchmark::RegisterBenchmark(
+              label("mpi_comm" + suffix, op, bytes).c_str(),
+              [op, bytes, comm = world.get()](benchmark::State& state) {
+                bench_mpi(state, op, bytes,
+                          [op, comm](auto& in, auto& out) { perform(*comm, op, in, out); });
+              })
+              ->UseManualTime()
+              ->Iterations(1)
+              ->Unit(benchmark::kMicrosecond);
+        };
+        if (comm_first) {
+          register_comm();
+          register_raw();
+        } else {
+          register_raw();
+          register_comm();
+        }
       }
     }
   } else if (world_rank == 0) {
