@@ -35,6 +35,18 @@ inline void require_close(double analytic, double numeric, double tolerance,
   REQUIRE(std::abs(analytic - numeric) <= tolerance * scale);
 }
 
+// (loss(value + step) - loss(value - step)) / (2 step), with `value` restored afterwards.
+template <class Loss>
+double central_difference(double& value, double step, Loss&& loss) {
+  const double saved = value;
+  value = saved + step;
+  const double plus = loss();
+  value = saved - step;
+  const double minus = loss();
+  value = saved;
+  return (plus - minus) / (2 * step);
+}
+
 // L = sum(forward(ctx) * r): every element of every parameter in `registry`, and of `input` when
 // given, is perturbed by +-step; backward(ctx, r) must accumulate the parameter gradients and
 // return dL/dinput (anything, when there is no input).
@@ -53,25 +65,16 @@ void check_gradients_of(quintet::nn::parameter_registry<double, quintet::host>& 
     quintet::nn::context<quintet::host> fresh;
     return dot(forward(fresh), upstream);
   };
-  const auto central_difference = [&](double& value) {
-    const double saved = value;
-    value = saved + step;
-    const double plus = loss();
-    value = saved - step;
-    const double minus = loss();
-    value = saved;
-    return (plus - minus) / (2 * step);
-  };
   if constexpr (std::is_same_v<std::remove_cvref_t<decltype(dx)>, host_tensor>) {
     REQUIRE(input != nullptr);
     REQUIRE(dx.shape() == input->shape());
     for (std::int64_t i = 0; i < input->numel(); ++i)
-      require_close(dx.data()[i], central_difference(input->data()[i]), tolerance,
+      require_close(dx.data()[i], central_difference(input->data()[i], step, loss), tolerance,
                     "dx[" + std::to_string(i) + "]");
   }
   for (auto& p : registry) {
     for (std::int64_t i = 0; i < p.value.numel(); ++i)
-      require_close(p.grad.data()[i], central_difference(p.value.data()[i]), tolerance,
+      require_close(p.grad.data()[i], central_difference(p.value.data()[i], step, loss), tolerance,
                     "d" + p.name + "[" + std::to_string(i) + "]");
   }
 }

@@ -53,14 +53,9 @@ TEST_CASE("GPT gradients match finite differences of the mean loss", "[nn][gpt]"
     constexpr double step = 1e-6;
     for (auto& p : registry) {
       for (std::int64_t i = 0; i < p.value.numel(); ++i) {
-        double& value = p.value.data()[i];
-        const double saved = value;
-        value = saved + step;
-        const double plus = mean_loss();
-        value = saved - step;
-        const double minus = mean_loss();
-        value = saved;
-        quintet::test::require_close(p.grad.data()[i], (plus - minus) / (2 * step), 1e-6,
+        const double numeric =
+            quintet::test::central_difference(p.value.data()[i], step, mean_loss);
+        quintet::test::require_close(p.grad.data()[i], numeric, 1e-6,
                                      p.name + "[" + std::to_string(i) + "]");
       }
     }
