@@ -45,20 +45,22 @@ inline gemm_isa best_gemm_isa() {
   return best;
 }
 
-// Register tile MR x NR and cache blocks. NR is one AVX-512 register of T (two AVX2 ones), MR = 6
-// rows keeps 6 (AVX-512) or 12 (AVX2) accumulator registers live. KC x NR of B (16 KiB for float)
-// stays in L1, MC x KC of A (96 KiB) in L2, KC x NC of B (2 MiB) in L3. Chosen by bench_kernels'
-// portable matmul runs on the 2-core AVX-512 development machine.
+// Register tile MR x NR and cache blocks. MR = 6 rows; NR is one AVX-512 register of T for the
+// AVX-512 variant (6 accumulator registers) and half that for AVX2 and the baseline (6 AVX2 or 12
+// SSE registers): with the wide tile the AVX2 variant ran at half the speed, its 12 accumulators
+// and the operands not fitting 16 registers. KC x NR of B (16 KiB for float) stays in L1, MC x KC
+// of A (96 KiB) in L2, KC x NC of B (2 MiB) in L3. Chosen by portable matmul runs on the 2-core
+// AVX-512 development machine.
 template <class T>
 struct gemm_blocking;
 template <>
 struct gemm_blocking<float> {
-  static constexpr int mr = 6, nr = 16;
+  static constexpr int mr = 6, nr_wide = 16, nr_narrow = 8;
   static constexpr std::int64_t mc = 96, kc = 256, nc = 2048;
 };
 template <>
 struct gemm_blocking<double> {
-  static constexpr int mr = 6, nr = 8;
+  static constexpr int mr = 6, nr_wide = 8, nr_narrow = 4;
   static constexpr std::int64_t mc = 96, kc = 256, nc = 1024;
 };
 
@@ -82,10 +84,10 @@ void pack_a(const T* a, std::int64_t lda, bool transposed, std::int64_t row0, st
 
 // Rows [row0, row0 + rows) and columns [col0, col0 + cols) of op(B), packed as slivers of NR
 // columns: packed[sliver][p][c], zero-padded to NR.
-template <class T>
+template <class T, int NR>
 void pack_b(const T* b, std::int64_t ldb, bool transposed, std::int64_t row0, std::int64_t rows,
             std::int64_t col0, std::int64_t cols, T* packed) {
-  constexpr int nr = gemm_blocking<T>::nr;
+  constexpr int nr = NR;
   for (std::int64_t s = 0; s < cols; s += nr) {
     const int live = static_cast<int>(std::min<std::int64_t>(nr, cols - s));
     for (std::int64_t p = 0; p < rows; ++p) {
@@ -101,11 +103,11 @@ void pack_b(const T* b, std::int64_t ldb, bool transposed, std::int64_t row0, st
 
 // C tile (rows x cols, rows <= MR, cols <= NR) = alpha * Ap Bp + beta * C over `depth` packed
 // steps. beta == 0 never reads C, so C may hold garbage (or NaN) beforehand, as BLAS allows.
-template <class T>
+template <class T, int NR>
 [[gnu::always_inline]] inline void micro_tile(std::int64_t depth, const T* __restrict ap,
                                               const T* __restrict bp, T* c, std::int64_t ldc,
                                               int rows, int cols, T alpha, T beta) {
-  constexpr int mr = gemm_blocking<T>::mr, nr = gemm_blocking<T>::nr;
+  constexpr int mr = gemm_blocking<T>::mr, nr = NR;
   static_assert(mr == 6, "the micro-kernel keeps six named accumulator rows");
   // Six named rows rather than acc[mr][nr]: the j loop then holds six independent FMAs that the
   // loop vectoriser turns into one register each; a 2D array is left in memory by g++ -O2.
@@ -136,44 +138,44 @@ template <class T>
   }
 }
 
-template <class T>
+template <class T, int NR>
 [[gnu::always_inline]] inline void macro_kernel(std::int64_t rows, std::int64_t cols,
                                                 std::int64_t depth, const T* a_packed,
                                                 const T* b_packed, T* c, std::int64_t ldc, T alpha,
                                                 T beta) {
-  constexpr int mr = gemm_blocking<T>::mr, nr = gemm_blocking<T>::nr;
+  constexpr int mr = gemm_blocking<T>::mr, nr = NR;
   for (std::int64_t j = 0; j < cols; j += nr) {
     const int live_cols = static_cast<int>(std::min<std::int64_t>(nr, cols - j));
     const T* bp = b_packed + (j / nr) * nr * depth;
     for (std::int64_t i = 0; i < rows; i += mr) {
       const int live_rows = static_cast<int>(std::min<std::int64_t>(mr, rows - i));
       const T* ap = a_packed + (i / mr) * mr * depth;
-      micro_tile<T>(depth, ap, bp, c + i * ldc + j, ldc, live_rows, live_cols, alpha, beta);
+      micro_tile<T, NR>(depth, ap, bp, c + i * ldc + j, ldc, live_rows, live_cols, alpha, beta);
     }
   }
 }
 
-template <class T>
+template <class T, int NR>
 void macro_kernel_baseline(std::int64_t rows, std::int64_t cols, std::int64_t depth,
                            const T* a_packed, const T* b_packed, T* c, std::int64_t ldc, T alpha,
                            T beta) {
-  macro_kernel<T>(rows, cols, depth, a_packed, b_packed, c, ldc, alpha, beta);
+  macro_kernel<T, NR>(rows, cols, depth, a_packed, b_packed, c, ldc, alpha, beta);
 }
 
 #if QUINTET_GEMM_MULTIVERSION
-template <class T>
+template <class T, int NR>
 [[gnu::target("avx2,fma")]] void macro_kernel_avx2(std::int64_t rows, std::int64_t cols,
                                                    std::int64_t depth, const T* a_packed,
                                                    const T* b_packed, T* c, std::int64_t ldc,
                                                    T alpha, T beta) {
-  macro_kernel<T>(rows, cols, depth, a_packed, b_packed, c, ldc, alpha, beta);
+  macro_kernel<T, NR>(rows, cols, depth, a_packed, b_packed, c, ldc, alpha, beta);
 }
 
-template <class T>
+template <class T, int NR>
 [[gnu::target("avx512f,avx512vl,fma")]] void macro_kernel_avx512(
     std::int64_t rows, std::int64_t cols, std::int64_t depth, const T* a_packed, const T* b_packed,
     T* c, std::int64_t ldc, T alpha, T beta) {
-  macro_kernel<T>(rows, cols, depth, a_packed, b_packed, c, ldc, alpha, beta);
+  macro_kernel<T, NR>(rows, cols, depth, a_packed, b_packed, c, ldc, alpha, beta);
 }
 #endif
 
@@ -185,6 +187,41 @@ template <class T>
 std::unique_ptr<T[], aligned_delete> aligned_buffer(std::int64_t count) {
   return std::unique_ptr<T[], aligned_delete>(static_cast<T*>(
       ::operator new (static_cast<std::size_t>(count) * sizeof(T), std::align_val_t{64})));
+}
+
+// The blocked loops for tile width NR, with `macro` the instruction-set variant of the
+// macro-kernel.
+template <class T, int NR>
+using macro_kernel_function = void (*)(std::int64_t, std::int64_t, std::int64_t, const T*, const T*,
+                                       T*, std::int64_t, T, T);
+
+template <class T, int NR>
+void gemm_blocked(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n,
+                  std::int64_t k, T alpha, const T* a, std::int64_t lda, const T* b,
+                  std::int64_t ldb, T beta, T* c, std::int64_t ldc,
+                  macro_kernel_function<T, NR> macro) {
+  using blocking = gemm_blocking<T>;
+  constexpr int mr = blocking::mr;
+  const std::int64_t block_rows = std::min(blocking::mc, m);
+  const std::int64_t block_cols = std::min(blocking::nc, n);
+  const std::int64_t block_depth = std::min(blocking::kc, k);
+  auto a_packed = aligned_buffer<T>(((block_rows + mr - 1) / mr) * mr * block_depth);
+  auto b_packed = aligned_buffer<T>(((block_cols + NR - 1) / NR) * NR * block_depth);
+  for (std::int64_t j0 = 0; j0 < n; j0 += blocking::nc) {
+    const std::int64_t cols = std::min(blocking::nc, n - j0);
+    for (std::int64_t p0 = 0; p0 < k; p0 += blocking::kc) {
+      const std::int64_t depth = std::min(blocking::kc, k - p0);
+      pack_b<T, NR>(b, ldb, transpose_b, p0, depth, j0, cols, b_packed.get());
+      // Later depth blocks add onto what the first one wrote.
+      const T beta_block = p0 == 0 ? beta : T(1);
+      for (std::int64_t i0 = 0; i0 < m; i0 += blocking::mc) {
+        const std::int64_t rows = std::min(blocking::mc, m - i0);
+        pack_a(a, lda, transpose_a, i0, rows, p0, depth, a_packed.get());
+        macro(rows, cols, depth, a_packed.get(), b_packed.get(), c + i0 * ldc + j0, ldc, alpha,
+              beta_block);
+      }
+    }
+  }
 }
 
 // Row-major C (m, n) = alpha * op(A) op(B) + beta * C, op(A): (m, k), op(B): (k, n), leading
@@ -202,44 +239,21 @@ void gemm_portable(bool transpose_a, bool transpose_b, std::int64_t m, std::int6
         c[i * ldc + j] = beta == T(0) ? T(0) : beta * c[i * ldc + j];
     return;
   }
-  const std::int64_t block_rows = std::min(blocking::mc, m);
-  const std::int64_t block_cols = std::min(blocking::nc, n);
-  const std::int64_t block_depth = std::min(blocking::kc, k);
-  auto a_packed = aligned_buffer<T>(((block_rows + blocking::mr - 1) / blocking::mr) *
-                                    blocking::mr * block_depth);
-  auto b_packed = aligned_buffer<T>(((block_cols + blocking::nr - 1) / blocking::nr) *
-                                    blocking::nr * block_depth);
-  auto run = [&](std::int64_t rows, std::int64_t cols, std::int64_t depth, T* c_block,
-                 T beta_block) {
-    switch (isa) {
+  constexpr int wide = blocking::nr_wide, narrow = blocking::nr_narrow;
+  switch (isa) {
 #if QUINTET_GEMM_MULTIVERSION
-      case gemm_isa::avx512:
-        macro_kernel_avx512<T>(rows, cols, depth, a_packed.get(), b_packed.get(), c_block, ldc,
-                               alpha, beta_block);
-        return;
-      case gemm_isa::avx2:
-        macro_kernel_avx2<T>(rows, cols, depth, a_packed.get(), b_packed.get(), c_block, ldc, alpha,
-                             beta_block);
-        return;
+    case gemm_isa::avx512:
+      gemm_blocked<T, wide>(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
+                            &macro_kernel_avx512<T, wide>);
+      return;
+    case gemm_isa::avx2:
+      gemm_blocked<T, narrow>(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c,
+                              ldc, &macro_kernel_avx2<T, narrow>);
+      return;
 #endif
-      default:
-        macro_kernel_baseline<T>(rows, cols, depth, a_packed.get(), b_packed.get(), c_block, ldc,
-                                 alpha, beta_block);
-    }
-  };
-  for (std::int64_t j0 = 0; j0 < n; j0 += blocking::nc) {
-    const std::int64_t cols = std::min(blocking::nc, n - j0);
-    for (std::int64_t p0 = 0; p0 < k; p0 += blocking::kc) {
-      const std::int64_t depth = std::min(blocking::kc, k - p0);
-      pack_b(b, ldb, transpose_b, p0, depth, j0, cols, b_packed.get());
-      // Later depth blocks add onto what the first one wrote.
-      const T beta_block = p0 == 0 ? beta : T(1);
-      for (std::int64_t i0 = 0; i0 < m; i0 += blocking::mc) {
-        const std::int64_t rows = std::min(blocking::mc, m - i0);
-        pack_a(a, lda, transpose_a, i0, rows, p0, depth, a_packed.get());
-        run(rows, cols, depth, c + i0 * ldc + j0, beta_block);
-      }
-    }
+    default:
+      gemm_blocked<T, narrow>(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c,
+                              ldc, &macro_kernel_baseline<T, narrow>);
   }
 }
 
