@@ -239,13 +239,15 @@ void gemm_portable(bool transpose_a, bool transpose_b, std::int64_t m, std::int6
         c[i * ldc + j] = beta == T(0) ? T(0) : beta * c[i * ldc + j];
     return;
   }
-  constexpr int wide = blocking::nr_wide, narrow = blocking::nr_narrow;
+  constexpr int narrow = blocking::nr_narrow;
   switch (isa) {
 #if QUINTET_GEMM_MULTIVERSION
-    case gemm_isa::avx512:
+    case gemm_isa::avx512: {
+      constexpr int wide = blocking::nr_wide;
       gemm_blocked<T, wide>(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
                             &macro_kernel_avx512<T, wide>);
       return;
+    }
     case gemm_isa::avx2:
       gemm_blocked<T, narrow>(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c,
                               ldc, &macro_kernel_avx2<T, narrow>);
