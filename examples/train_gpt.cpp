@@ -164,6 +164,10 @@ int train(const Source& source, program_options options) {
                 "--world {} must equal --tp {}: tensor parallelism is the only strategy "
                 "implemented so far",
                 options.world, options.tp);
+  QUINTET_CHECK(options.world == 1 || options.threads <= 1,
+                "--threads {} with --world {}: thread ranks run their kernels on one thread each "
+                "(OpenBLAS has one process-wide pool)",
+                options.threads, options.world);
   if (options.world == 1) {
     const auto exec = options.threads == 0 ? quintet::execution<quintet::host>::all_cores()
                                            : quintet::execution<quintet::host>(options.threads);

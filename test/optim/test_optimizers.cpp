@@ -2,6 +2,8 @@
 // weight decay only on matrices, and global-norm clipping.
 #include <catch2/catch.hpp>
 
+#include <quintet/nn/layer_norm.hpp>
+#include <quintet/nn/linear.hpp>
 #include <quintet/optim/adamw.hpp>
 #include <quintet/optim/gradient_norm.hpp>
 #include <quintet/optim/sgd.hpp>
@@ -19,10 +21,13 @@ namespace {
 
 const quintet::execution<host> exec;
 
-// Two parameters, a matrix and a vector, with random values and gradients.
+// A matrix that decays, and a vector and a rank-2 fused bias that do not.
 void make_parameters(parameter_registry<double, host>& registry) {
+  using quintet::nn::weight_decay;
+  const auto replicated = quintet::parallel::placement::replicated();
   registry.add("fc.weight", shape{3, 4}, initializer::normal(1.0));
-  registry.add("fc.bias", shape{3}, initializer::normal(1.0));
+  registry.add("fc.bias", shape{3}, initializer::normal(1.0), replicated, weight_decay::exempt);
+  registry.add("qkv.bias", shape{3, 2}, initializer::normal(1.0), replicated, weight_decay::exempt);
 }
 
 void random_gradients(parameter_registry<double, host>& registry, std::uint64_t step) {
@@ -53,7 +58,7 @@ TEST_CASE("AdamW matches the reference update, decaying only matrices", "[optim]
     random_gradients(registry, t);
     std::size_t i = 0;
     for (auto& p : registry) {
-      const double decay = p.global_shape.rank() >= 2 ? hp.weight_decay : 0.0;
+      const double decay = p.name == "fc.weight" ? hp.weight_decay : 0.0;
       for (std::int64_t e = 0; e < p.value.numel(); ++e) {
         const double g = scales[t - 1] * p.grad.data()[e];
         m[i][e] = hp.beta1 * m[i][e] + (1 - hp.beta1) * g;
@@ -75,6 +80,19 @@ TEST_CASE("AdamW matches the reference update, decaying only matrices", "[optim]
   CHECK(optimizer.steps() == 3);
 }
 
+TEST_CASE("layers exempt biases and norm scales from weight decay, fused biases included",
+          "[optim][adamw]") {
+  parameter_registry<float, host> registry(1);
+  quintet::nn::linear<float, host> qkv(registry, exec, "qkv", 4, 12, {.output_groups = 3});
+  quintet::nn::layer_norm<float, host> norm(registry, exec, "ln", 4);
+  using quintet::nn::weight_decay;
+  CHECK(registry.find("qkv.weight").decay == weight_decay::apply);
+  CHECK(registry.find("qkv.bias").global_shape == shape{3, 4});
+  CHECK(registry.find("qkv.bias").decay == weight_decay::exempt);
+  CHECK(registry.find("ln.weight").decay == weight_decay::exempt);
+  CHECK(registry.find("ln.bias").decay == weight_decay::exempt);
+}
+
 TEST_CASE("SGD with momentum matches the reference update", "[optim][sgd]") {
   parameter_registry<double, host> registry(4);
   make_parameters(registry);
@@ -90,7 +108,8 @@ TEST_CASE("SGD with momentum matches the reference update", "[optim][sgd]") {
     std::size_t i = 0;
     for (auto& p : registry) {
       for (std::int64_t e = 0; e < p.value.numel(); ++e) {
-        const double g = p.grad.data()[e] + hp.weight_decay * value[i][e];
+        const double decay = p.name == "fc.weight" ? hp.weight_decay : 0.0;
+        const double g = p.grad.data()[e] + decay * value[i][e];
         buffer[i][e] = hp.momentum * buffer[i][e] + g;
         value[i][e] -= hp.lr * buffer[i][e];
       }
@@ -122,6 +141,8 @@ TEST_CASE("the global gradient norm counts every element once and clipping scale
   CHECK(quintet::optim::clip_factor(norm, 0.0) == 1.0);  // clipping off
   REQUIRE_THROWS_WITH(quintet::optim::clip_factor(std::numeric_limits<double>::quiet_NaN(), 1.0),
                       Catch::Contains("gradient norm is nan"));
+  REQUIRE_THROWS_WITH(quintet::optim::clip_factor(1.0, std::numeric_limits<double>::quiet_NaN()),
+                      Catch::Contains("the clipping bound is nan"));
 }
 
 TEST_CASE("the global gradient norm refuses sharded parameters", "[optim][clip]") {

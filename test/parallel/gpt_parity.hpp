@@ -103,6 +103,7 @@ inline void require_matches_serial(const run_result& serial, const run_result& r
     INFO("step " << s);
     REQUIRE(rank.losses[s] == Approx(serial.losses[s]).epsilon(1e-5));
   }
+  REQUIRE(rank.parameters.size() == serial.parameters.size());
   for (const auto& [name, shard] : rank.parameters) {
     const quintet::region& where = rank.regions.at(name);
     quintet::tensor_view<const float, host> slice = serial.parameters.at(name).view();

@@ -106,3 +106,15 @@ TEST_CASE("tensor parallelism moves 2 all-reduces of b*s*h forward and 2 backwar
     CHECK(backward[r].bytes == per_direction * bsh_bytes);
   }
 }
+
+TEST_CASE("column_linear rejects output groups that do not split the features",
+          "[parity][tensor]") {
+  REQUIRE_THROWS_WITH(
+      quintet::thread_world{2}.run([&](quintet::thread_comm& world) {
+        const quintet::execution<host> exec;
+        quintet::nn::parameter_registry<float, host> registry(1);
+        quintet::parallel::column_linear<float, host, quintet::thread_comm> layer(
+            registry, exec, world, "qkv", 4, 12, {.output_groups = 0});
+      }),
+      Catch::Contains("column_linear 'qkv': 12 output features do not split into 0 groups"));
+}

@@ -105,6 +105,8 @@ TEST_CASE("bad training configurations are rejected naming the values", "[train]
   REQUIRE_THROWS_WITH(
       run(source, tiny_model, {.seq = 32}, exec),
       Catch::Contains("sequence length 32 exceeds the model's position table (16)"));
+  REQUIRE_THROWS_WITH(run(source, tiny_model, {.seq = 8, .clip_norm = std::nan("")}, exec),
+                      Catch::Contains("the clip norm nan is not a number"));
   quintet::nn::gpt_config small_vocab = tiny_model;
   small_vocab.vocab = 4;
   REQUIRE_THROWS_WITH(run(source, small_vocab, {.seq = 8}, exec),

@@ -24,7 +24,6 @@ class embedding {
             double init_stddev = 0.02)
       : exec_(exec),
         name_(std::move(name)),
-        vocab_(vocab),
         positions_(positions),
         d_model_(d_model),
         tokens_(registry.add(name_ + ".token_weight", shape{vocab, d_model},
@@ -61,7 +60,7 @@ class embedding {
  private:
   const execution<Device>& exec_;
   std::string name_;
-  std::int64_t vocab_, positions_, d_model_;
+  std::int64_t positions_, d_model_;
   parameter<T, Device>& tokens_;           // (vocab, d)
   parameter<T, Device>& positions_table_;  // (positions, d)
 };

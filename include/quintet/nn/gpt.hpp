@@ -103,7 +103,13 @@ class gpt {
     QUINTET_CHECK(tokens.shape()[1] <= config_.max_seq,
                   "gpt: sequence of {} tokens is longer than max_seq {}", tokens.shape()[1],
                   config_.max_seq);
-    ignore_index_ = ignore_index;
+    // The padding id belongs to this micro-batch: it is kept with its activations, so backwards
+    // of several micro-batches in flight (pipelines) each use their own.
+    {
+      quintet::tensor<std::int32_t, host> id(shape{1});
+      id(0) = ignore_index;
+      copy(ctx.template save<std::int32_t>("lm_head.ignore_index", shape{1}), id);
+    }
     quintet::tensor<T, Device> x = embedding_.forward(ctx, tokens);  // (batch, seq, d)
     for (auto& block : blocks_) x = block->forward(ctx, x.view());
     x = final_norm_.forward(ctx, x.view());
@@ -129,7 +135,7 @@ class gpt {
     quintet::tensor<T, Device> dlogits(logits.shape());  // (batch, seq, vocab)
     kernels::cross_entropy_backward(
         exec_, logits, ctx.template get<std::int32_t>("lm_head.targets"),
-        ctx.template get<stat_type>("lm_head.lse"), dlogits, loss_scale, ignore_index_);
+        ctx.template get<stat_type>("lm_head.lse"), dlogits, loss_scale, saved_ignore_index(ctx));
     quintet::tensor<T, Device> dx;  // (batch, seq, d)
     if (head_) {
       dx = head_->backward(ctx, dlogits.view());
@@ -152,13 +158,18 @@ class gpt {
   const gpt_config& config() const { return config_; }
 
  private:
+  static std::int32_t saved_ignore_index(const context<Device>& ctx) {
+    quintet::tensor<std::int32_t, host> id(shape{1});
+    copy(id, ctx.template get<std::int32_t>("lm_head.ignore_index"));
+    return id(0);
+  }
+
   const execution<Device>& exec_;
   gpt_config config_;
   embedding<T, Device> embedding_;
   std::vector<std::unique_ptr<transformer_block<T, Device, Plan, Mesh>>> blocks_;
   layer_norm<T, Device> final_norm_;
   std::optional<linear<T, Device>> head_;  // only when the weights are not tied
-  std::int32_t ignore_index_ = kernels::no_target;
 };
 
 }  // namespace quintet::nn

@@ -26,8 +26,10 @@ class layer_norm {
         name_(std::move(name)),
         features_(features),
         eps_(eps),
-        gamma_(registry.add(name_ + ".weight", shape{features}, initializer::constant(1.0))),
-        beta_(registry.add(name_ + ".bias", shape{features}, initializer::constant(0.0))) {}
+        gamma_(registry.add(name_ + ".weight", shape{features}, initializer::constant(1.0),
+                            parallel::placement::replicated(), weight_decay::exempt)),
+        beta_(registry.add(name_ + ".bias", shape{features}, initializer::constant(0.0),
+                           parallel::placement::replicated(), weight_decay::exempt)) {}
   layer_norm(parameter_registry<T, Device>&, const execution<Device>&&, std::string, std::int64_t,
              double = 1e-5) = delete;
 

@@ -42,7 +42,8 @@ class linear {
                              weight_shape(name_, in_features, out_features, options),
                              initializer::normal(options.init_stddev), options.weight_placement)),
         bias_(options.bias ? &registry.add(name_ + ".bias", bias_shape(out_features, options),
-                                           initializer::constant(0.0), options.bias_placement)
+                                           initializer::constant(0.0), options.bias_placement,
+                                           weight_decay::exempt)
                            : nullptr) {
     // The local matrix this rank multiplies by: (out, in) of its part of W.
     const shape& local = weight_.value.shape();
@@ -69,7 +70,7 @@ class linear {
   quintet::tensor<T, Device> backward(context<Device>& ctx, tensor_view<const T, Device> dy) {
     check_last_dim(dy.shape(), out_, "output gradient");
     const auto& x = ctx.template get<T>(name_ + ".input");
-    QUINTET_CHECK(dy.numel() / out_ == x.numel() / in_,
+    QUINTET_CHECK(dy.shape() == x.shape().with_extent(x.rank() - 1, out_),
                   "linear '{}': output gradient {} does not match the saved input {}", name_,
                   dy.shape(), x.shape());
     const std::int64_t rows = x.numel() / in_;

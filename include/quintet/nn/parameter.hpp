@@ -34,6 +34,10 @@ struct initializer {
   static initializer constant(double value) { return {kind::constant, value, 0.0}; }
 };
 
+// Whether the optimizer's weight decay applies: to weights and embeddings, not to biases and
+// normalisation scales (GPT-2's recipe). The layer that creates a parameter decides.
+enum class weight_decay : std::uint8_t { apply, exempt };
+
 template <class T, class Device>
 struct parameter {
   std::string name;
@@ -42,6 +46,7 @@ struct parameter {
   region local;                      // the block of global_shape this rank holds
   quintet::tensor<T, Device> value;  // local_shape(local)
   quintet::tensor<T, Device> grad;   // same shape, accumulated by backward
+  nn::weight_decay decay = nn::weight_decay::apply;
 };
 
 template <class T, class Device>
@@ -58,14 +63,15 @@ class parameter_registry {
   // Creates, initialises and zero-grads a parameter. The returned reference stays valid for the
   // registry's lifetime (layers keep it).
   parameter<T, Device>& add(std::string name, shape global, initializer init,
-                            parallel::placement where = parallel::placement::replicated()) {
+                            parallel::placement where = parallel::placement::replicated(),
+                            weight_decay decay = weight_decay::apply) {
     for (const auto& p : parameters_)
       QUINTET_CHECK(p.name != name, "parameter_registry: a parameter named '{}' already exists",
                     name);
     const region local = where.local_region(global, position_);
     parameter<T, Device>& p = parameters_.emplace_back(parameter<T, Device>{
         std::move(name), global, where, local, quintet::tensor<T, Device>(local.local_shape()),
-        quintet::tensor<T, Device>(local.local_shape())});
+        quintet::tensor<T, Device>(local.local_shape()), decay});
     const rng_key key{.seed = seed_, .stream = rng_stream_for(p.name)};
     switch (init.type) {
       case initializer::kind::normal:

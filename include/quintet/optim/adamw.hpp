@@ -1,6 +1,6 @@
 // adamw: AdamW (Loshchilov & Hutter) over a parameter registry — bias-corrected moments, weight
-// decay decoupled from the gradient and applied only to matrices (weights, embeddings), not to
-// biases and layer-norm scales, as GPT-2 training does.
+// decay decoupled from the gradient and applied only to the parameters that take it (weights,
+// embeddings; not biases and layer-norm scales, as GPT-2 training does: see nn::weight_decay).
 #pragma once
 
 #include <quintet/core/error.hpp>
@@ -52,7 +52,7 @@ class adamw {
     for (auto& p : registry_) {
       kernels::adamw_hyperparameters hp = hyperparameters_;
       hp.lr = lr;
-      if (p.global_shape.rank() < 2) hp.weight_decay = 0.0;  // biases, norms: no decay
+      if (p.decay == nn::weight_decay::exempt) hp.weight_decay = 0.0;  // biases, norms
       kernels::adamw_update(exec_, p.value, p.grad, states_[i].m, states_[i].v, hp, steps_,
                             grad_scale);
       ++i;

@@ -31,6 +31,7 @@ double global_gradient_norm(const execution<Device>& exec,
 inline double clip_factor(double norm, double max_norm) {
   QUINTET_CHECK(std::isfinite(norm), "gradient norm is {}: the step would corrupt the parameters",
                 norm);
+  QUINTET_CHECK(!std::isnan(max_norm), "the clipping bound is {}", max_norm);
   if (max_norm <= 0.0 || norm <= max_norm) return 1.0;
   return max_norm / norm;
 }

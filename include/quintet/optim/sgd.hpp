@@ -1,5 +1,5 @@
 // sgd: stochastic gradient descent with optional momentum and L2 weight decay over a parameter
-// registry.
+// registry (decay only on the parameters that take it, as for AdamW).
 #pragma once
 
 #include <quintet/core/error.hpp>
@@ -42,6 +42,7 @@ class sgd {
     for (auto& p : registry_) {
       kernels::sgd_hyperparameters hp = hyperparameters_;
       hp.lr = lr;
+      if (p.decay == nn::weight_decay::exempt) hp.weight_decay = 0.0;  // biases, norms
       kernels::sgd_update(exec_, p.value, p.grad, momentum_[i++], hp, grad_scale);
     }
   }

@@ -49,6 +49,8 @@ struct training_options {
     QUINTET_CHECK(micro_batches >= 1 && batch % micro_batches == 0,
                   "training: a batch of {} sequences does not split into {} micro-batches", batch,
                   micro_batches);
+    QUINTET_CHECK(std::isfinite(clip_norm), "training: the clip norm {} is not a number",
+                  clip_norm);
     QUINTET_CHECK(warmup_steps >= 0 && warmup_steps <= steps,
                   "training: {} warm-up steps exceed the {} steps of the run", warmup_steps, steps);
   }
@@ -93,7 +95,10 @@ class trainer {
                   "training: sequence length {} exceeds the model's position table ({})",
                   options.seq, model.max_seq);
   }
+  // The trainer keeps references to the source and the execution context: temporaries dangle.
   trainer(const Source&, const nn::gpt_config&, const training_options&, const execution<host>&&,
+          Mesh* = nullptr) = delete;
+  trainer(const Source&&, const nn::gpt_config&, const training_options&, const execution<host>&,
           Mesh* = nullptr) = delete;
 
   // Runs the next step; throws quintet::error naming the step if its loss is NaN or infinite.
@@ -114,7 +119,12 @@ class trainer {
     double loss_sum = 0.0;
     for (auto& batch : micro) {
       nn::context<host> ctx;
-      loss_sum += model_.forward(ctx, batch.inputs.view(), batch.targets.view()).loss_sum;
+      const auto result = model_.forward(ctx, batch.inputs.view(), batch.targets.view());
+      // The scale below assumes every target counts; padded batches would need their count first.
+      QUINTET_CHECK(result.count == batch.targets.numel(),
+                    "training: step {} has {} padding targets, which the trainer does not support",
+                    step, batch.targets.numel() - result.count);
+      loss_sum += result.loss_sum;
       model_.backward(ctx, 1.0 / static_cast<double>(tokens));
     }
     const double loss = loss_sum / static_cast<double>(tokens);

@@ -54,6 +54,9 @@ class column_linear {
  private:
   static nn::linear_options sharded_options(const std::string& name, std::int64_t out,
                                             nn::linear_options options, int tp_size) {
+    QUINTET_CHECK(options.output_groups >= 1 && out % options.output_groups == 0,
+                  "column_linear '{}': {} output features do not split into {} groups", name, out,
+                  options.output_groups);
     const std::int64_t per_group = out / options.output_groups;
     QUINTET_CHECK(per_group % tp_size == 0,
                   "column_linear '{}': {} output features{} do not divide over tp = {}", name,

@@ -35,7 +35,8 @@ class row_linear {
         linear_(registry, exec, name, in_features, out_features,
                 sharded_options(name, in_features, options, tp.size())),
         bias_(options.bias ? &registry.add(name + ".bias", shape{out_features},
-                                           nn::initializer::constant(0.0))
+                                           nn::initializer::constant(0.0), placement::replicated(),
+                                           nn::weight_decay::exempt)
                            : nullptr) {}
   row_linear(nn::parameter_registry<T, Device>&, const execution<Device>&&, Comm&,
              const std::string&, std::int64_t, std::int64_t, nn::linear_options = {}) = delete;
