@@ -5,6 +5,7 @@
 #include <quintet/optim/lr_schedule.hpp>
 
 #include <cmath>
+#include <numbers>
 
 using quintet::optim::cosine_schedule;
 
@@ -19,7 +20,7 @@ TEST_CASE("the decay follows a half cosine from peak to floor", "[optim][schedul
   const cosine_schedule schedule(1e-3, 1e-4, 10, 110);
   CHECK(schedule(10) == Approx(1e-3));                 // start of the decay: the peak
   CHECK(schedule(60) == Approx(0.5 * (1e-3 + 1e-4)));  // half way: the mid point
-  CHECK(schedule(35) == Approx(1e-4 + 0.5 * 9e-4 * (1 + std::cos(M_PI / 4))));
+  CHECK(schedule(35) == Approx(1e-4 + 0.5 * 9e-4 * (1 + std::cos(std::numbers::pi / 4))));
   CHECK(schedule(110) == Approx(1e-4));
   CHECK(schedule(500) == Approx(1e-4));
   for (int step = 11; step < 110; ++step) REQUIRE(schedule(step) < schedule(step - 1));

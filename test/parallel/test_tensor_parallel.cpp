@@ -104,6 +104,7 @@ TEST_CASE("tensor parallelism moves 2 all-reduces of b*s*h forward and 2 backwar
     CHECK(forward[r].bus_bytes == Approx(per_direction * bsh_bytes * 2.0 * (tp - 1) / tp));
     CHECK(backward[r].calls == per_direction);
     CHECK(backward[r].bytes == per_direction * bsh_bytes);
+    CHECK(backward[r].bus_bytes == Approx(per_direction * bsh_bytes * 2.0 * (tp - 1) / tp));
   }
 }
 
