@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <vector>
 
 using quintet::host;
@@ -111,4 +112,31 @@ TEST_CASE("bad training configurations are rejected naming the values", "[train]
   small_vocab.vocab = 4;
   REQUIRE_THROWS_WITH(run(source, small_vocab, {.seq = 8}, exec),
                       Catch::Contains("model's vocabulary (4) is smaller than the data's (8)"));
+}
+
+namespace {
+
+// A source whose last target of every row is padding: the trainer must refuse it, not average
+// over the wrong count.
+struct padded_source {
+  quintet::markov_source inner{{.vocab = 8, .order = 1, .successors = 2, .seed = 1}};
+  std::int64_t vocab_size() const { return inner.vocab_size(); }
+  std::optional<double> entropy_floor(std::int64_t seq) const { return inner.entropy_floor(seq); }
+  quintet::token_batch batch(std::int64_t step, quintet::row_range rows, std::int64_t seq) const {
+    quintet::token_batch b = inner.batch(step, rows, seq);
+    for (std::int64_t r = 0; r < rows.size(); ++r)
+      b.targets(r, seq - 1) = quintet::kernels::no_target;
+    return b;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a batch with padding targets is refused naming the step", "[train]") {
+  const padded_source source;
+  trainer<float, padded_source> run(source, tiny_model,
+                                    {.steps = 2, .batch = 2, .seq = 4, .warmup_steps = 0}, exec);
+  REQUIRE_THROWS_WITH(
+      run.train_step(),
+      Catch::Contains("step 0 has 2 padding targets, which the trainer does not support"));
 }
