@@ -1,6 +1,8 @@
 // Cross-entropy against a naive double log-softmax (with padding rows ignored), its backward
 // against finite differences of the mean loss; embeddings against a naive gather, their backward
-// against finite differences, and the errors for bad ids and too-long sequences.
+// against finite differences, and the errors for bad ids and too-long sequences. Then the
+// vocabulary-parallel pieces: the shard kernels of the loss, the token lookup over a vocabulary
+// range and the position embeddings on their own, against naive double loops.
 #include "kernel_test_support.hpp"
 
 #include <quintet/kernels/cross_entropy.hpp>
@@ -8,6 +10,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <type_traits>
+#include <utility>
+#include <vector>
 
 using namespace kernel_test;
 using quintet::execution;
@@ -174,4 +180,281 @@ TEST_CASE("embedding rejects bad ids and sequences longer than the position tabl
   tokens(1, 4) = 1;
   REQUIRE_THROWS_WITH(k::embedding_forward(ctx, tokens, token_table, narrow_positions, out),
                       Catch::Contains("differ in width"));
+}
+
+// --- vocabulary-parallel pieces ------------------------------------------------------------------
+//
+// The shard kernels are run on every block of a padded vocabulary, their partial statistics
+// combined the way the all-reduces would (max, then sum in rank order), and the result compared
+// with naive double loops over the whole, unpadded logits. Padding columns hold 1e30: were they
+// not masked, every row's max and loss would be off by ~1e30.
+
+namespace {
+
+constexpr double padding_garbage = 1e30;
+
+// The block [begin, begin + columns) of a (rows, vocab) double matrix, ids >= vocab as garbage.
+template <class T>
+tensor<T, host> vocab_block(const std::vector<double>& full, std::int64_t rows, std::int64_t vocab,
+                            std::int64_t begin, std::int64_t columns) {
+  std::vector<double> block;
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t j = begin; j < begin + columns; ++j)
+      block.push_back(j < vocab ? full[r * vocab + j]
+                                : (j % 2 == 0 ? 1.0 : -1.0) * padding_garbage);
+  return from_double<T>(block, shape{rows, columns});
+}
+
+// The same rounding the logits had (float or double), as doubles.
+template <class T>
+std::vector<double> rounded(const std::vector<double>& values) {
+  std::vector<double> out;
+  for (const double v : values) out.push_back(static_cast<double>(static_cast<T>(v)));
+  return out;
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE(
+    "cross_entropy shard kernels combined over the vocabulary blocks equal the "
+    "double loss, lse and gradient",
+    "[kernels][cross_entropy][vocab_parallel]", float, double) {
+  using T = TestType;
+  using acc = k::accumulator_t<T>;
+  // float: the shards' exp sums differ from a double loop by the exp polynomial (1.1e-7) and float
+  // rounding of ~40 terms; lse of |logits| <= 30 is off by a few ulp of 30 (~2e-6 absolute), which
+  // exp(x - lse) turns into a relative error of the gradient; the target's entry scale (p - 1)
+  // cancels as p -> 1, so its error is absolute: scale times lse's. double: summation order only.
+  const bool is_float = std::is_same_v<T, float>;
+  const double lse_tol = is_float ? 4e-6 : 1e-12;
+  const double loss_rtol = is_float ? 1e-5 : 1e-12;
+  const double grad_rtol = is_float ? 2e-5 : 1e-11;
+  const execution<host> ctx;
+  const std::int32_t ignore = -100;
+  std::uint64_t stream = 900;
+  for (const auto& [vocab, tp] : {std::pair{std::int64_t{7}, 1}, std::pair{std::int64_t{8}, 2},
+                                  std::pair{std::int64_t{10}, 4}, std::pair{std::int64_t{5}, 4},
+                                  std::pair{std::int64_t{33}, 3}}) {
+    for (const double spread : {3.0, 30.0}) {
+      const std::int64_t rows = 12;
+      const std::int64_t columns = (vocab + tp - 1) / tp;
+      INFO("vocab " << vocab << " tp " << tp << " spread " << spread);
+      const auto full = rounded<T>(
+          to_double(random_tensor<double>(shape{rows, vocab}, ++stream, -spread, spread)));
+      const auto targets = random_targets(shape{rows}, vocab, ++stream, 4, ignore);
+      std::vector<tensor<T, host>> blocks;
+      for (int r = 0; r < tp; ++r)
+        blocks.push_back(vocab_block<T>(full, rows, vocab, r * columns, columns));
+      auto valid_of = [&](int r) {
+        return std::clamp<std::int64_t>(vocab - r * columns, 0, columns);
+      };
+
+      // 1. row maxima, combined by max.
+      tensor<acc, host> row_max(shape{rows});
+      quintet::fill(row_max, -std::numeric_limits<acc>::infinity());
+      for (int r = 0; r < tp; ++r) {
+        tensor<acc, host> local(shape{rows});
+        k::cross_entropy_shard_max(ctx, blocks[r], local, valid_of(r));
+        for (std::int64_t i = 0; i < rows; ++i) {
+          if (valid_of(r) == 0) REQUIRE(local(i) == -std::numeric_limits<acc>::infinity());
+          row_max(i) = std::max(row_max(i), local(i));
+        }
+      }
+      for (std::int64_t i = 0; i < rows; ++i)  // a max picks an element: exact
+        REQUIRE(static_cast<double>(row_max(i)) ==
+                *std::max_element(full.begin() + i * vocab, full.begin() + (i + 1) * vocab));
+
+      // 2. partials, combined by sum in rank order.
+      tensor<acc, host> partials(shape{rows, 2});
+      quintet::fill(partials, acc(0));
+      for (int r = 0; r < tp; ++r) {
+        tensor<acc, host> local(shape{rows, 2});
+        k::cross_entropy_shard_partials(ctx, blocks[r], targets, row_max, local, r * columns,
+                                        valid_of(r), ignore);
+        for (std::int64_t i = 0; i < 2 * rows; ++i) partials.data()[i] += local.data()[i];
+      }
+      std::vector<double> want_sums, want_target_logits, want_lse;
+      for (std::int64_t i = 0; i < rows; ++i) {
+        double total = 0;
+        for (std::int64_t j = 0; j < vocab; ++j)
+          total += std::exp(full[i * vocab + j] - static_cast<double>(row_max(i)));
+        want_sums.push_back(total);
+        want_target_logits.push_back(targets(i) == ignore ? 0.0 : full[i * vocab + targets(i)]);
+        want_lse.push_back(static_cast<double>(row_max(i)) + std::log(total));
+      }
+      std::vector<double> got_sums, got_target_logits;
+      for (std::int64_t i = 0; i < rows; ++i) {
+        got_sums.push_back(partials(i, 0));
+        got_target_logits.push_back(partials(i, 1));
+      }
+      require_close(got_sums, want_sums, is_float ? 2e-6 : 1e-13, 0.0, "sum_exp");
+      require_close(got_target_logits, want_target_logits, 0.0, 0.0, "target logit");  // copied
+
+      // 3. lse and the loss.
+      tensor<acc, host> lse(shape{rows});
+      const auto result =
+          k::cross_entropy_shard_finish(ctx, targets, row_max, partials, lse, vocab, ignore);
+      std::int64_t count = 0;
+      const double want_loss = cross_entropy_reference(full, targets, vocab, ignore, count);
+      REQUIRE(result.count == count);
+      REQUIRE(result.loss_sum == Approx(want_loss).epsilon(loss_rtol));
+      require_close(lse, want_lse, lse_tol, lse_tol, "lse");
+
+      // 4. the gradient of each block against the matching columns of the double gradient.
+      const double scale = 1.0 / static_cast<double>(count);
+      for (int r = 0; r < tp; ++r) {
+        tensor<T, host> dlogits(shape{rows, columns});
+        quintet::fill(dlogits, T(7));  // every element must be written
+        k::cross_entropy_shard_backward(ctx, blocks[r], targets, lse, dlogits, scale, r * columns,
+                                        valid_of(r), ignore);
+        std::vector<double> want;
+        for (std::int64_t i = 0; i < rows; ++i)
+          for (std::int64_t j = r * columns; j < (r + 1) * columns; ++j) {
+            const bool counted = targets(i) != ignore && j < vocab;
+            const double p = counted ? std::exp(full[i * vocab + j] - want_lse[i]) : 0.0;
+            want.push_back(counted ? scale * (p - (j == targets(i) ? 1.0 : 0.0)) : 0.0);
+          }
+        INFO("rank " << r);
+        require_close(dlogits, want, grad_rtol, scale * lse_tol, "dlogits");
+        for (std::int64_t i = 0; i < rows; ++i)
+          for (std::int64_t j = valid_of(r); j < columns; ++j) REQUIRE(dlogits(i, j) == T(0));
+      }
+    }
+  }
+}
+
+TEST_CASE("cross_entropy shard kernels reject bad targets and inconsistent shards",
+          "[kernels][cross_entropy][vocab_parallel][errors]") {
+  const execution<host> ctx;
+  auto logits = random_tensor<float>(shape{4, 3}, 11);
+  tensor<std::int32_t, host> targets(shape{4});
+  for (std::int64_t i = 0; i < 4; ++i) targets.data()[i] = static_cast<std::int32_t>(i);
+  targets.data()[1] = 5;  // a padding id of vocabulary 5 padded to 6
+  tensor<float, host> row_max(shape{4}), lse(shape{4}), partials(shape{4, 2});
+  k::cross_entropy_shard_max(ctx, logits, row_max, 3);
+  k::cross_entropy_shard_partials(ctx, logits, targets, row_max, partials, 3, 2);
+  REQUIRE_THROWS_WITH(k::cross_entropy_shard_finish(ctx, targets, row_max, partials, lse, 5),
+                      Catch::Contains("target 5 of row 1 is outside the vocabulary [0, 5) and is "
+                                      "not the ignore index -1"));
+  REQUIRE_THROWS_WITH(k::cross_entropy_shard_max(ctx, logits, row_max, 4),
+                      Catch::Contains("a shard of 3 columns cannot hold 4 valid vocabulary ids"));
+  tensor<float, host> flat_partials(shape{4});
+  REQUIRE_THROWS_WITH(
+      k::cross_entropy_shard_partials(ctx, logits, targets, row_max, flat_partials, 0, 3),
+      Catch::Contains("partials has shape (4,), expected (4, 2)"));
+}
+
+TEMPLATE_TEST_CASE("token_embedding over a vocabulary range gathers its own ids and zeros others",
+                   "[kernels][embedding][vocab_parallel]", float, double) {
+  using T = TestType;
+  const execution<host> ctx;
+  const std::int64_t vocab = 12, width = 5, begin = 4, rows = 4;
+  const auto full_table = random_tensor<T>(shape{vocab, width}, 31);
+  tensor<T, host> table(shape{rows, width});  // ids [4, 8)
+  std::copy(full_table.data() + begin * width, full_table.data() + (begin + rows) * width,
+            table.data());
+  const auto tokens = random_targets(shape{3, 7}, vocab, 32, 0, 0);
+  tensor<T, host> out(shape{3, 7, width});
+  quintet::fill(out, T(9));
+  k::token_embedding_forward(ctx, tokens, table, out, begin);
+  std::vector<double> want;
+  for (std::int64_t i = 0; i < tokens.numel(); ++i) {
+    const std::int32_t t = tokens.data()[i];
+    for (std::int64_t c = 0; c < width; ++c)
+      want.push_back(t >= begin && t < begin + rows ? static_cast<double>(full_table(t, c)) : 0.0);
+  }
+  require_close(out, want, 0.0, 0.0, "token_embedding_forward");  // copies: exact
+
+  // Backward: += into the shard's rows for its own ids, repeated ids adding up.
+  const auto dout = random_tensor<T>(shape{3, 7, width}, 33);
+  auto dtable = random_tensor<T>(shape{rows, width}, 34);
+  std::vector<double> want_dtable = to_double(dtable);
+  for (std::int64_t i = 0; i < tokens.numel(); ++i) {
+    const std::int32_t t = tokens.data()[i];
+    if (t < begin || t >= begin + rows) continue;
+    for (std::int64_t c = 0; c < width; ++c)
+      want_dtable[(t - begin) * width + c] += static_cast<double>(dout.data()[i * width + c]);
+  }
+  k::token_embedding_backward(ctx, tokens, dout, dtable, begin);
+  // float: a row is a running float sum of at most 21 terms of |x| < 1.
+  require_close(dtable, want_dtable, std::is_same_v<T, float> ? 1e-6 : 1e-15,
+                std::is_same_v<T, float> ? 1e-6 : 1e-15, "token_embedding_backward");
+}
+
+TEST_CASE("token_embedding shards sum to the whole lookup, exactly",
+          "[kernels][embedding][vocab_parallel]") {
+  const execution<host> ctx;
+  const std::int64_t vocab = 10, width = 3, tp = 4, rows = 3;  // padded to 12: rank 3 holds 1 id
+  auto table = random_tensor<float>(shape{tp * rows, width}, 41);
+  const auto tokens = random_targets(shape{2, 9}, vocab, 42, 0, 0);
+  tensor<float, host> whole(shape{2, 9, width}), sum(shape{2, 9, width}), part(shape{2, 9, width});
+  quintet::fill(sum, 0.0f);
+  k::token_embedding_forward(ctx, tokens, table, whole);
+  for (std::int64_t r = 0; r < tp; ++r) {
+    tensor<float, host> shard(shape{rows, width});
+    std::copy(table.data() + r * rows * width, table.data() + (r + 1) * rows * width, shard.data());
+    k::token_embedding_forward(ctx, tokens, shard, part, r * rows);
+    for (std::int64_t i = 0; i < sum.numel(); ++i) sum.data()[i] += part.data()[i];
+  }
+  for (std::int64_t i = 0; i < sum.numel(); ++i) REQUIRE(sum.data()[i] == whole.data()[i]);
+}
+
+TEMPLATE_TEST_CASE("position embeddings alone: add_position_embedding and its backward",
+                   "[kernels][embedding]", float, double) {
+  using T = TestType;
+  const execution<host> ctx;
+  const std::int64_t batch = 3, seq = 4, width = 5, positions = 9, offset = 3;
+  const auto table = random_tensor<T>(shape{positions, width}, 51);
+  auto out = random_tensor<T>(shape{batch, seq, width}, 52);
+  std::vector<double> want = to_double(out);
+  for (std::int64_t b = 0; b < batch; ++b)
+    for (std::int64_t s = 0; s < seq; ++s)
+      for (std::int64_t c = 0; c < width; ++c)
+        want[(b * seq + s) * width + c] += static_cast<double>(table(offset + s, c));
+  k::add_position_embedding(ctx, table, out, offset);
+  // One rounding of a sum of two |x| < 1.
+  const double tol = std::is_same_v<T, float> ? 2.5e-7 : 1e-16;
+  require_close(out, want, tol, tol, "add_position_embedding");
+
+  const auto dout = random_tensor<T>(shape{batch, seq, width}, 53);
+  auto dtable = random_tensor<T>(shape{positions, width}, 54);
+  std::vector<double> want_dtable = to_double(dtable);
+  for (std::int64_t b = 0; b < batch; ++b)
+    for (std::int64_t s = 0; s < seq; ++s)
+      for (std::int64_t c = 0; c < width; ++c)
+        want_dtable[(offset + s) * width + c] +=
+            static_cast<double>(dout.data()[(b * seq + s) * width + c]);
+  k::position_embedding_backward(ctx, dout, dtable, offset);
+  const double sum_tol = std::is_same_v<T, float> ? 1e-6 : 1e-15;  // 4 terms, float
+  require_close(dtable, want_dtable, sum_tol, sum_tol, "position_embedding_backward");
+
+  REQUIRE_THROWS_WITH(k::add_position_embedding(ctx, table, out, 6),
+                      Catch::Contains("positions [6, 10) of a sequence of 4 exceed the position "
+                                      "table of 9 positions"));
+}
+
+TEST_CASE("embedding_forward is token_embedding_forward then add_position_embedding, bit for bit",
+          "[kernels][embedding]") {
+  const execution<host> ctx;
+  const auto token_table = random_tensor<float>(shape{11, 6}, 61);
+  const auto position_table = random_tensor<float>(shape{8, 6}, 62);
+  const auto tokens = random_targets(shape{2, 5}, 11, 63, 0, 0);
+  tensor<float, host> fused(shape{2, 5, 6}), split(shape{2, 5, 6});
+  k::embedding_forward(ctx, tokens, token_table, position_table, fused, 2);
+  k::token_embedding_forward(ctx, tokens, token_table, split);
+  k::add_position_embedding(ctx, position_table, split, 2);
+  for (std::int64_t i = 0; i < fused.numel(); ++i) REQUIRE(split.data()[i] == fused.data()[i]);
+
+  tensor<float, host> dtoken_fused(shape{11, 6}), dposition_fused(shape{8, 6});
+  tensor<float, host> dtoken_split(shape{11, 6}), dposition_split(shape{8, 6});
+  for (auto* t : {&dtoken_fused, &dposition_fused, &dtoken_split, &dposition_split})
+    quintet::fill(*t, 0.5f);
+  const auto dout = random_tensor<float>(shape{2, 5, 6}, 64);
+  k::embedding_backward(ctx, tokens, dout, dtoken_fused, dposition_fused, 2);
+  k::token_embedding_backward(ctx, tokens, dout, dtoken_split);
+  k::position_embedding_backward(ctx, dout, dposition_split, 2);
+  for (std::int64_t i = 0; i < dtoken_fused.numel(); ++i)
+    REQUIRE(dtoken_split.data()[i] == dtoken_fused.data()[i]);
+  for (std::int64_t i = 0; i < dposition_fused.numel(); ++i)
+    REQUIRE(dposition_split.data()[i] == dposition_fused.data()[i]);
 }
