@@ -8,6 +8,7 @@
 // difference stays within 1e-4 relative or 2e-6 absolute at lr = 1e-3.
 #include <catch2/catch.hpp>
 
+#include "gpt_measure.hpp"
 #include "gpt_parity.hpp"
 
 #include <quintet/comm/counting_comm.hpp>
@@ -42,9 +43,13 @@ TEST_CASE("tensor parallel GPT matches the serial GPT step by step", "[parity][t
       require_matches_serial(serial, ranks[r]);
     }
     // Sharded parameters really are sharded.
-    CHECK(ranks[0].parameters.at("blocks.0.mlp.fc.weight").shape() == shape{16 / tp, 8});
-    CHECK(ranks[0].parameters.at("blocks.0.attn.qkv.weight").shape() == shape{3, 8 / tp, 8});
-    CHECK(ranks[0].parameters.at("blocks.0.attn.proj.weight").shape() == shape{8, 8 / tp});
+    CHECK(ranks[0].parameters.at("blocks.0.mlp.fc.weight").shape() == shape{32 / tp, 16});
+    CHECK(ranks[0].parameters.at("blocks.0.attn.qkv.weight").shape() == shape{3, 16 / tp, 16});
+    CHECK(ranks[0].parameters.at("blocks.0.attn.proj.weight").shape() == shape{16, 16 / tp});
+    // The vocabulary of 10 is padded to a multiple of tp and split: 5 ids per rank at tp = 2,
+    // 3 at tp = 4 (12 ids, the last rank holding 1 real id and 2 padding rows).
+    CHECK(ranks[0].parameters.at("embedding.token_weight").shape() ==
+          shape{(tp == 2 ? 10 : 12) / tp, 16});
   }
 }
 
@@ -74,37 +79,31 @@ TEST_CASE("tensor parallelism rejects heads that do not divide over tp", "[parit
 
 TEST_CASE("tensor parallelism moves 2 all-reduces of b*s*h forward and 2 backward per layer",
           "[parity][tensor][volume]") {
-  using counted_comm = quintet::counting_comm<quintet::thread_comm>;
-  using counted_mesh = quintet::device_mesh<counted_comm>;
+  using quintet::comm_operation;
   constexpr int tp = 2;
-  std::vector<quintet::comm_tally> forward(tp), backward(tp);
-  quintet::thread_world{tp}.run([&](quintet::thread_comm& world) {
-    const quintet::execution<host> exec;
-    counted_comm counted(world.split(0, world.rank()));
-    counted_mesh mesh(counted, {.tp = tp});
-    quintet::nn::parameter_registry<float, host> registry(
-        seed, par::position_in(mesh.layout(), world.rank()));
-    quintet::nn::gpt<float, host, tp_plan, counted_mesh> model(registry, exec, config, &mesh);
-    const auto batch = source.batch(0, {0, 4}, 8);
-    counted.ledger().clear();  // forget the splits that built the mesh
-    quintet::nn::context<host> ctx;
-    const auto loss = model.forward(ctx, batch.inputs.view(), batch.targets.view());
-    forward[world.rank()] = counted.ledger().tally("tp", quintet::comm_operation::all_reduce);
-    counted.ledger().clear();
-    model.backward(ctx, 1.0 / static_cast<double>(loss.count));
-    backward[world.rank()] = counted.ledger().tally("tp", quintet::comm_operation::all_reduce);
-  });
-  // b * s * h elements of fp32 per all-reduce, 2 per layer each way; bus bytes 2(n-1)/n of that.
-  const std::int64_t bsh_bytes = 4 * 8 * config.d_model * 4;
-  const std::int64_t per_direction = 2 * config.layers;
+  const auto one = measure<tp_plan>({.tp = tp}, 1), two = measure<tp_plan>({.tp = tp}, 2);
+  // b * s * h elements of fp32 per all-reduce; bus bytes 2(n-1)/n of that.
+  const std::int64_t bsh_bytes = 4 * 8 * config.d_model * 4, rows = 4 * 8;
   for (int r = 0; r < tp; ++r) {
     INFO("rank " << r);
-    CHECK(forward[r].calls == per_direction);
-    CHECK(forward[r].bytes == per_direction * bsh_bytes);
-    CHECK(forward[r].bus_bytes == Approx(per_direction * bsh_bytes * 2.0 * (tp - 1) / tp));
-    CHECK(backward[r].calls == per_direction);
-    CHECK(backward[r].bytes == per_direction * bsh_bytes);
-    CHECK(backward[r].bus_bytes == Approx(per_direction * bsh_bytes * 2.0 * (tp - 1) / tp));
+    for (tally_map rank_measure::*direction : {&rank_measure::forward, &rank_measure::backward}) {
+      const auto layer = layer_share(two[r].*direction, one[r].*direction, "tp",
+                                     comm_operation::all_reduce);
+      CHECK(layer.calls == 2);
+      CHECK(layer.bytes == 2 * bsh_bytes);
+      CHECK(layer.bus_bytes == Approx(2 * bsh_bytes * 2.0 * (tp - 1) / tp));
+    }
+    // Outside the blocks: the vocabulary-parallel embedding sums its partial rows (b*s*h), the
+    // loss all-reduces the row maxima (rows fp32) and the (sum of exponentials, target logit)
+    // pairs (2 rows fp32); backward, the tied head sums its input gradient (b*s*h).
+    const auto forward = one[r].forward.at({"tp", comm_operation::all_reduce});
+    CHECK(forward.calls == 2 + 1 + 2);
+    CHECK(forward.bytes == 2 * bsh_bytes + bsh_bytes + rows * 4 + 2 * rows * 4);
+    const auto backward = one[r].backward.at({"tp", comm_operation::all_reduce});
+    CHECK(backward.calls == 2 + 1);
+    CHECK(backward.bytes == 2 * bsh_bytes + bsh_bytes);
+    CHECK(one[r].forward.size() == 1);  // nothing but those all-reduces, on tp only
+    CHECK(one[r].backward.size() == 1);
   }
 }
 

@@ -1,6 +1,7 @@
-// Tensor-parallel parity under MPI: every rank of `mpirun -np N` is one tp rank of the GPT; each
-// also runs the serial model itself and compares its losses and shards with it (the tolerance is
-// argued in test_tensor_parallel.cpp). Run by CTest under mpirun with 2 and 4 ranks.
+// Tensor- and sequence-parallel parity under MPI: the ranks of `mpirun -np N` form the mesh of the
+// GPT; each also runs the serial model itself and compares its losses and shards with it (the
+// tolerance is argued in test_tensor_parallel.cpp). Run by CTest under mpirun with 2 and 4 ranks:
+// tp = N; ring and Ulysses with tp x sp = 2 x (N / 2); Megatron-SP with tp = N.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
@@ -15,6 +16,26 @@ TEST_CASE("tensor parallel GPT over MPI matches the serial GPT step by step", "[
   quintet::mpi_comm world(MPI_COMM_WORLD);
   INFO("rank " << world.rank() << " of " << world.size());
   require_matches_serial(serial, tensor_parallel_rank(world));
+}
+
+TEST_CASE("sequence parallel GPTs over MPI match the serial GPT step by step",
+          "[parity][mpi][sequence]") {
+  const run_result serial = serial_run();
+  quintet::mpi_comm world(MPI_COMM_WORLD);
+  INFO("rank " << world.rank() << " of " << world.size());
+  const quintet::mesh_degrees tp_by_sp{.tp = 2, .sp = world.size() / 2};
+  {
+    INFO("ring");
+    require_matches_serial(serial, parallel_rank<ring_plan>(world, tp_by_sp));
+  }
+  {
+    INFO("ulysses");
+    require_matches_serial(serial, parallel_rank<ulysses_plan>(world, tp_by_sp));
+  }
+  {
+    INFO("megatron_sp");
+    require_matches_serial(serial, parallel_rank<megatron_sp_plan>(world, {.tp = world.size()}));
+  }
 }
 
 int main(int argc, char* argv[]) {

@@ -2,9 +2,12 @@
 // and an output projection (d -> d). q, k and v are column slices of the fused projection, so
 // neither direction transposes or copies them. Under a tensor-parallel plan the heads are split
 // over tp: qkv is a column_linear (each rank gets q, k, v of its heads), the output projection a
-// row_linear.
+// row_linear. Sequence parallelism on the sp axis changes only the attention itself: Ulysses
+// trades sequence rows for heads around it (all-to-all), ring passes keys and values around the sp
+// ranks (each keeps its zig-zag rows).
 //
 //   qkv (batch, seq, 3d):  [ q: heads x head_dim | k: heads x head_dim | v: heads x head_dim ]
+//   ulysses, sp = 2:       rank r: (batch, seq / sp, 3d / tp) -> (batch, seq, 3d / (tp sp))
 #pragma once
 
 #include <quintet/core/error.hpp>
@@ -16,12 +19,16 @@
 #include <quintet/nn/parameter.hpp>
 #include <quintet/parallel/plan.hpp>
 #include <quintet/parallel/projections.hpp>
+#include <quintet/parallel/sequence/ring_attention.hpp>
+#include <quintet/parallel/sequence/sequence_collectives.hpp>
+#include <quintet/tensor/reshape.hpp>
 #include <quintet/tensor/copy.hpp>
 #include <quintet/tensor/slice.hpp>
 #include <quintet/tensor/tensor.hpp>
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 namespace quintet::nn {
 
@@ -29,6 +36,9 @@ template <class T, class Device, class Plan = serial_plan, class Mesh = parallel
 class causal_self_attention {
   using stat_type = kernels::accumulator_t<T>;
   using projections = parallel::projections<T, Device, Plan, Mesh>;
+  using sequence_style = typename Plan::template style<parallel::strategy::sequence>;
+  static constexpr bool ulysses = std::is_same_v<sequence_style, parallel::ulysses>;
+  static constexpr bool ring = std::is_same_v<sequence_style, parallel::ring>;
 
  public:
   causal_self_attention(parameter_registry<T, Device>& registry, const execution<Device>& exec,
@@ -37,8 +47,9 @@ class causal_self_attention {
                         Mesh* mesh = nullptr)
       : exec_(exec),
         name_(std::move(name)),
+        mesh_(mesh),
         d_model_(d_model),
-        heads_(checked_heads(name_, d_model, heads, projections::tp_size(mesh))),
+        heads_(checked_heads(name_, d_model, heads, projections::tp_size(mesh), mesh)),
         local_heads_(heads / projections::tp_size(mesh)),
         local_width_(d_model / projections::tp_size(mesh)),
         qkv_(projections::make_column(registry, exec, mesh, name_ + ".qkv", d_model, 3 * d_model,
@@ -49,33 +60,46 @@ class causal_self_attention {
                         std::int64_t, std::int64_t, double = 0.02, double = 0.02,
                         Mesh* = nullptr) = delete;
 
-  // x (batch, seq, d) -> y (batch, seq, d)
+  // x (batch, seq, d) -> y (batch, seq, d); seq is this rank's rows under sequence parallelism.
   quintet::tensor<T, Device> forward(context<Device>& ctx, tensor_view<const T, Device> x) {
     QUINTET_CHECK(x.rank() == 3 && x.shape()[2] == d_model_,
                   "attention '{}': input has shape {}, expected (batch, seq, {})", name_, x.shape(),
                   d_model_);
-    const std::int64_t batch = x.shape()[0], seq = x.shape()[1];
-    auto& qkv = ctx.template save<T>(name_ + ".qkv_output", shape{batch, seq, 3 * local_width_});
-    {
-      quintet::tensor<T, Device> projected = qkv_.forward(ctx, x);  // (batch, seq, 3d / tp)
-      copy(qkv, projected);
+    quintet::tensor<T, Device> projected = qkv_.forward(ctx, x);  // (batch, seq, 3d / tp)
+    if constexpr (ulysses) projected = to_heads(projected.view(), 3);  // (batch, seq, 3d / tp sp)
+    const std::int64_t batch = projected.shape()[0], seq = projected.shape()[1];
+    const std::int64_t width = projected.shape()[2] / 3, heads = attended_heads();
+    auto& qkv = ctx.template save<T>(name_ + ".qkv_output", projected.shape());
+    copy(qkv, projected);
+    auto& out = ctx.template save<T>(name_ + ".attention_output", shape{batch, seq, width});
+    auto& lse = ctx.template save<stat_type>(name_ + ".lse", shape{batch, heads, seq});
+    if constexpr (ring) {
+      parallel::ring_attention_forward(exec_, mesh_->sp(), part(qkv, 0), part(qkv, 1),
+                                       part(qkv, 2), out, lse, heads);
+    } else {
+      kernels::attention_forward(exec_, part(qkv, 0), part(qkv, 1), part(qkv, 2), out, lse, heads);
     }
-    auto& out = ctx.template save<T>(name_ + ".attention_output", shape{batch, seq, local_width_});
-    auto& lse = ctx.template save<stat_type>(name_ + ".lse", shape{batch, local_heads_, seq});
-    kernels::attention_forward(exec_, part(qkv, 0), part(qkv, 1), part(qkv, 2), out, lse,
-                               local_heads_);
+    if constexpr (ulysses) return proj_.forward(ctx, to_sequence(out.view(), 1).view());
     return proj_.forward(ctx, out.view());
   }
 
   // dy (batch, seq, d) -> dx (batch, seq, d)
   quintet::tensor<T, Device> backward(context<Device>& ctx, tensor_view<const T, Device> dy) {
-    const quintet::tensor<T, Device> dout = proj_.backward(ctx, dy);  // (batch, seq, d)
+    quintet::tensor<T, Device> dout = proj_.backward(ctx, dy);  // (batch, seq, d / tp)
+    if constexpr (ulysses) dout = to_heads(dout.view(), 1);
     auto& qkv = ctx.template get<T>(name_ + ".qkv_output");
     const auto& out = ctx.template get<T>(name_ + ".attention_output");
     const auto& lse = ctx.template get<stat_type>(name_ + ".lse");
     quintet::tensor<T, Device> dqkv(qkv.shape());  // (batch, seq, 3d / tp)
-    kernels::attention_backward(exec_, part(qkv, 0), part(qkv, 1), part(qkv, 2), out, lse, dout,
-                                part(dqkv, 0), part(dqkv, 1), part(dqkv, 2), local_heads_);
+    if constexpr (ring) {
+      parallel::ring_attention_backward(exec_, mesh_->sp(), part(qkv, 0), part(qkv, 1),
+                                        part(qkv, 2), out, lse, dout, part(dqkv, 0),
+                                        part(dqkv, 1), part(dqkv, 2), attended_heads());
+    } else {
+      kernels::attention_backward(exec_, part(qkv, 0), part(qkv, 1), part(qkv, 2), out, lse, dout,
+                                  part(dqkv, 0), part(dqkv, 1), part(dqkv, 2), attended_heads());
+    }
+    if constexpr (ulysses) dqkv = to_sequence(dqkv.view(), 3);
     return qkv_.backward(ctx, dqkv.view());
   }
 
@@ -83,12 +107,53 @@ class causal_self_attention {
 
  private:
   static std::int64_t checked_heads(const std::string& name, std::int64_t d_model,
-                                    std::int64_t heads, int tp) {
+                                    std::int64_t heads, int tp, Mesh* mesh) {
     QUINTET_CHECK(heads > 0 && d_model % heads == 0,
                   "attention '{}': {} heads do not divide d_model {}", name, heads, d_model);
     QUINTET_CHECK(heads % tp == 0, "attention '{}': {} heads do not divide over tp = {}", name,
                   heads, tp);
+    if constexpr (ulysses || ring) {
+      QUINTET_CHECK(mesh != nullptr, "attention '{}': a sequence-parallel plan needs the device mesh",
+                    name);
+    }
+    if constexpr (ulysses) {
+      const int sp = mesh->sp().size();
+      QUINTET_CHECK(heads % (tp * sp) == 0,
+                    "attention '{}': {} heads do not divide over tp x sp = {} x {} (Ulysses gives "
+                    "each rank whole heads)",
+                    name, heads, tp, sp);
+    }
     return heads;
+  }
+
+  // The heads this rank attends with: its tp share, and under Ulysses its sp share of those.
+  std::int64_t attended_heads() const {
+    if constexpr (ulysses) return local_heads_ / mesh_->sp().size();
+    return local_heads_;
+  }
+
+  // Ulysses: (batch, seq / sp, groups * w) -> (batch, seq, groups * w / sp) and back.
+  quintet::tensor<T, Device> to_heads(tensor_view<const T, Device> rows, std::int64_t groups) {
+    const shape& s = rows.shape();
+    quintet::tensor<T, Device> contiguous(s);
+    copy(contiguous, rows);
+    auto heads = parallel::sequence_to_heads(
+        mesh_->sp(), reshape(contiguous.view(), shape{s[0], s[1], groups, s[2] / groups}));
+    const shape& h = heads.shape();
+    quintet::tensor<T, Device> out(shape{h[0], h[1], h[2] * h[3]});
+    copy(out, reshape(heads.view(), out.shape()));
+    return out;
+  }
+  quintet::tensor<T, Device> to_sequence(tensor_view<const T, Device> heads, std::int64_t groups) {
+    const shape& s = heads.shape();
+    quintet::tensor<T, Device> contiguous(s);
+    copy(contiguous, heads);
+    auto rows = parallel::heads_to_sequence(
+        mesh_->sp(), reshape(contiguous.view(), shape{s[0], s[1], groups, s[2] / groups}));
+    const shape& r = rows.shape();
+    quintet::tensor<T, Device> out(shape{r[0], r[1], r[2] * r[3]});
+    copy(out, reshape(rows.view(), out.shape()));
+    return out;
   }
 
   // q (0), k (1) or v (2): a (batch, seq, d / tp) column slice of the fused (batch, seq, 3d / tp)
@@ -99,6 +164,7 @@ class causal_self_attention {
 
   const execution<Device>& exec_;
   std::string name_;
+  Mesh* mesh_;
   std::int64_t d_model_, heads_;
   std::int64_t local_heads_, local_width_;  // heads / tp and d_model / tp on this rank
   typename projections::column qkv_;        // d -> 3d, as (3, d, d)

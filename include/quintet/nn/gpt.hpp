@@ -3,6 +3,10 @@
 // softmax cross-entropy on next-token targets. Forward returns the loss sum and count; backward
 // takes the scale of the loss sum (1 / count for the mean, divided again by the micro-batches
 // the mean runs over).
+//
+// Every rank of a parallel plan is given the whole micro-batch and returns the loss of the whole
+// micro-batch; after backward (and parallel::synchronize_gradients) each rank holds its part of
+// the serial model's gradient.
 #pragma once
 
 #include <quintet/core/error.hpp>
@@ -18,6 +22,9 @@
 #include <quintet/nn/transformer_block.hpp>
 #include <quintet/parallel/plan.hpp>
 #include <quintet/parallel/projections.hpp>
+#include <quintet/parallel/sequence/sequence_collectives.hpp>
+#include <quintet/parallel/sequence/sequence_layout.hpp>
+#include <quintet/parallel/tensor/vocab_parallel_cross_entropy.hpp>
 #include <quintet/tensor/copy.hpp>
 #include <quintet/tensor/reshape.hpp>
 #include <quintet/tensor/tensor.hpp>
@@ -27,6 +34,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace quintet::nn {
@@ -55,19 +63,30 @@ struct gpt_config {
   }
 };
 
-// Under a tensor-parallel plan the blocks are split over tp; the embeddings, the final norm and
-// the head stay replicated (every tp rank computes them whole, on identical activations).
+// How the plan splits the model:
+//   tensor<megatron_1d>    blocks split over tp; token table and logits split on the vocabulary
+//                          (padded to a multiple of tp), loss computed without gathering logits.
+//   sequence<megatron_sp>  activations between the linears hold the tp group's sequence block.
+//   sequence<ulysses|ring> each sp rank embeds and scores its own rows (contiguous, or zig-zag
+//                          for ring); the loss sum and count are summed over sp.
 template <class T, class Device, class Plan = serial_plan, class Mesh = parallel::no_mesh>
 class gpt {
   using stat_type = kernels::accumulator_t<T>;
+  using projections = parallel::projections<T, Device, Plan, Mesh>;
+  using sequence_style = typename Plan::template style<parallel::strategy::sequence>;
+  static constexpr bool vocab_parallel = parallel::uses_tensor_parallel<Plan>;
+  static constexpr bool sequence_on_tp = std::is_same_v<sequence_style, parallel::megatron_sp>;
+  static constexpr bool sequence_on_sp = std::is_same_v<sequence_style, parallel::ulysses> ||
+                                         std::is_same_v<sequence_style, parallel::ring>;
 
  public:
   gpt(parameter_registry<T, Device>& registry, const execution<Device>& exec,
       const gpt_config& config, Mesh* mesh = nullptr)
       : exec_(exec),
-        config_((config.validate(), config)),
+        config_((config.validate(), check_mesh(mesh), config)),
+        mesh_(mesh),
         embedding_(registry, exec, "embedding", config.vocab, config.max_seq, config.d_model,
-                   config.init_stddev),
+                   config.init_stddev, mesh),
         final_norm_(registry, exec, "final_norm", config.d_model) {
     // GPT-2 scales the projections into the residual stream by 1/sqrt(2 L): the stream's variance
     // then stays O(1) however deep the model.
@@ -83,14 +102,16 @@ class gpt {
       blocks_.push_back(std::make_unique<transformer_block<T, Device, Plan, Mesh>>(
           registry, exec, "blocks." + std::to_string(l), options, mesh));
     if (!config.tie_weights)
-      head_.emplace(registry, exec, "lm_head", config.d_model, config.vocab,
-                    linear_options{.bias = false, .init_stddev = config.init_stddev});
+      head_.emplace(projections::make_column(
+          registry, exec, mesh, "lm_head", config.d_model,
+          parallel::padded_vocab(config.vocab, projections::tp_size(mesh)),
+          linear_options{.bias = false, .init_stddev = config.init_stddev}));
   }
   gpt(parameter_registry<T, Device>&, const execution<Device>&&, const gpt_config&,
       Mesh* = nullptr) = delete;
 
-  // tokens, targets (batch, seq): the loss summed over targets that are not `ignore_index`, and
-  // their count.
+  // tokens, targets (batch, seq), the whole micro-batch on every rank: the loss summed over
+  // targets that are not `ignore_index`, and their count.
   kernels::cross_entropy_result forward(context<Device>& ctx,
                                         tensor_view<const std::int32_t, Device> tokens,
                                         tensor_view<const std::int32_t, Device> targets,
@@ -100,76 +121,158 @@ class gpt {
                   targets.shape());
     QUINTET_CHECK(tokens.rank() == 2, "gpt: tokens have shape {}, expected (batch, seq)",
                   tokens.shape());
-    QUINTET_CHECK(tokens.shape()[1] <= config_.max_seq,
-                  "gpt: sequence of {} tokens is longer than max_seq {}", tokens.shape()[1],
-                  config_.max_seq);
-    // The padding id belongs to this micro-batch: it is kept with its activations, so backwards
-    // of several micro-batches in flight (pipelines) each use their own.
+    const std::int64_t batch = tokens.shape()[0], seq = tokens.shape()[1];
+    QUINTET_CHECK(seq <= config_.max_seq, "gpt: sequence of {} tokens is longer than max_seq {}",
+                  seq, config_.max_seq);
+    const parallel::sequence_layout input = parallel::input_layout<Plan>(mesh_, seq);
+    const parallel::sequence_layout activation = parallel::activation_layout<Plan>(mesh_, seq);
+    // The padding id and the layout belong to this micro-batch: they are kept with its
+    // activations, so backwards of several micro-batches in flight (pipelines) use their own.
     {
-      quintet::tensor<std::int32_t, host> id(shape{1});
-      id(0) = ignore_index;
-      copy(ctx.template save<std::int32_t>("lm_head.ignore_index", shape{1}), id);
+      quintet::tensor<std::int32_t, host> kept(shape{2});
+      kept(0) = ignore_index;
+      kept(1) = static_cast<std::int32_t>(seq);
+      copy(ctx.template save<std::int32_t>("lm_head.ignore_index_and_seq", shape{2}), kept);
     }
-    quintet::tensor<T, Device> x = embedding_.forward(ctx, tokens);  // (batch, seq, d)
+    const quintet::tensor<std::int32_t, Device> my_tokens = parallel::take_rows(tokens, input);
+    quintet::tensor<T, Device> x = embedding_.forward(ctx, my_tokens, activation);  // (b, rows, d)
     for (auto& block : blocks_) x = block->forward(ctx, x.view());
     x = final_norm_.forward(ctx, x.view());
 
-    const std::int64_t batch = tokens.shape()[0], seq = tokens.shape()[1];
-    auto& logits = ctx.template save<T>("lm_head.logits", shape{batch, seq, config_.vocab});
+    const std::int64_t rows = input.rows(), columns = embedding_.shard().columns;
+    auto& logits = ctx.template save<T>("lm_head.logits", shape{batch, rows, columns});
     if (head_) {
       copy(logits, head_->forward(ctx, x.view()));
     } else {
-      auto& input = ctx.template save<T>("lm_head.input", x.shape());
-      copy(input, x);
-      kernels::matmul(exec_, input, embedding_.token_weight().value, logits, {.transpose_b = true});
+      // The tied head is a column-parallel projection over the vocabulary: under megatron_sp it
+      // keeps the sequence block and gathers it (again in backward), as column_linear does.
+      auto& kept = ctx.template save<T>("lm_head.input", x.shape());
+      copy(kept, x);
+      kernels::matmul(exec_, head_input(kept), embedding_.token_weight().value, logits,
+                      {.transpose_b = true});
     }
-    auto& saved_targets = ctx.template save<std::int32_t>("lm_head.targets", targets.shape());
-    copy(saved_targets, targets);
-    auto& lse = ctx.template save<stat_type>("lm_head.lse", shape{batch, seq});
-    return kernels::cross_entropy_forward(exec_, logits, saved_targets, lse, ignore_index);
+    auto& my_targets = ctx.template save<std::int32_t>("lm_head.targets", shape{batch, rows});
+    copy(my_targets, parallel::take_rows(targets, input));
+    auto& lse = ctx.template save<stat_type>("lm_head.lse", shape{batch, rows});
+    kernels::cross_entropy_result loss;
+    if constexpr (vocab_parallel) {
+      loss = parallel::vocab_parallel_cross_entropy_forward(exec_, mesh_->tp(), logits, my_targets,
+                                                            lse, ignore_index, embedding_.shard());
+    } else {
+      loss = kernels::cross_entropy_forward(exec_, logits, my_targets, lse, ignore_index);
+    }
+    if constexpr (sequence_on_sp) loss = sum_over_sp(loss);
+    return loss;
   }
 
   // Accumulates the gradients of loss_scale * (the loss sum of the forward) into the parameters.
   void backward(context<Device>& ctx, double loss_scale) {
+    const auto [ignore_index, seq] = saved_ignore_index_and_seq(ctx);
+    const parallel::sequence_layout activation = parallel::activation_layout<Plan>(mesh_, seq);
     const auto& logits = ctx.template get<T>("lm_head.logits");
-    quintet::tensor<T, Device> dlogits(logits.shape());  // (batch, seq, vocab)
-    kernels::cross_entropy_backward(
-        exec_, logits, ctx.template get<std::int32_t>("lm_head.targets"),
-        ctx.template get<stat_type>("lm_head.lse"), dlogits, loss_scale, saved_ignore_index(ctx));
-    quintet::tensor<T, Device> dx;  // (batch, seq, d)
+    const auto& targets = ctx.template get<std::int32_t>("lm_head.targets");
+    const auto& lse = ctx.template get<stat_type>("lm_head.lse");
+    quintet::tensor<T, Device> dlogits(logits.shape());  // (batch, rows, vocab / tp)
+    if constexpr (vocab_parallel) {
+      parallel::vocab_parallel_cross_entropy_backward(exec_, logits, targets, lse, dlogits,
+                                                      loss_scale, ignore_index, embedding_.shard());
+    } else {
+      kernels::cross_entropy_backward(exec_, logits, targets, lse, dlogits, loss_scale,
+                                      ignore_index);
+    }
+    quintet::tensor<T, Device> dx;  // (batch, rows, d)
     if (head_) {
       dx = head_->backward(ctx, dlogits.view());
     } else {
-      const auto& input = ctx.template get<T>("lm_head.input");
-      auto& table = embedding_.token_weight();
-      const std::int64_t rows = input.numel() / config_.d_model;
-      kernels::matmul(exec_, reshape(dlogits, shape{rows, config_.vocab}),
-                      reshape(input, shape{rows, config_.d_model}), table.grad,
-                      {.transpose_a = true, .beta = 1.0});
-      dx = quintet::tensor<T, Device>(input.shape());
-      kernels::matmul(exec_, dlogits, table.value, dx);
+      dx = tied_head_backward(ctx, dlogits);
     }
     dx = final_norm_.backward(ctx, dx.view());
     for (auto block = blocks_.rbegin(); block != blocks_.rend(); ++block)
       dx = (*block)->backward(ctx, dx.view());
-    embedding_.backward(ctx, dx.view());
+    embedding_.backward(ctx, dx.view(), activation);
   }
 
   const gpt_config& config() const { return config_; }
 
  private:
-  static std::int32_t saved_ignore_index(const context<Device>& ctx) {
-    quintet::tensor<std::int32_t, host> id(shape{1});
-    copy(id, ctx.template get<std::int32_t>("lm_head.ignore_index"));
-    return id(0);
+  // A mesh whose degrees the plan does not use would train a different model on each rank.
+  static bool check_mesh(Mesh* mesh) {
+    if constexpr (!std::is_same_v<Mesh, parallel::no_mesh>) {
+      QUINTET_CHECK(mesh != nullptr, "gpt: a model of a parallel plan needs the device mesh");
+      const auto& degrees = mesh->degrees();
+      QUINTET_CHECK(vocab_parallel || degrees.tp == 1,
+                    "gpt: the mesh has tp = {} but the plan has no parallel::tensor policy",
+                    degrees.tp);
+      QUINTET_CHECK(sequence_on_sp || degrees.sp == 1,
+                    "gpt: the mesh has sp = {} but the plan has no parallel::sequence<ulysses> or "
+                    "<ring> policy (megatron_sp shards the sequence on tp and needs sp = 1)",
+                    degrees.sp);
+      QUINTET_CHECK(degrees.dp == 1 && degrees.pp == 1,
+                    "gpt: data and pipeline parallelism (dp = {}, pp = {}) are not implemented yet",
+                    degrees.dp, degrees.pp);
+    }
+    return true;
+  }
+
+  // The head's input over the rows the logits cover: under megatron_sp the gathered sequence.
+  quintet::tensor<T, Device> head_input(const quintet::tensor<T, Device>& kept) {
+    if constexpr (sequence_on_tp) return parallel::gather_sequence(mesh_->tp(), kept.view());
+    quintet::tensor<T, Device> x(kept.shape());
+    copy(x, kept);
+    return x;
+  }
+
+  // dlogits (batch, rows, vocab / tp) -> dx (batch, rows of the activations, d); accumulates the
+  // token table's gradient from the head's use of it.
+  quintet::tensor<T, Device> tied_head_backward(context<Device>& ctx,
+                                                const quintet::tensor<T, Device>& dlogits) {
+    const quintet::tensor<T, Device> input = head_input(ctx.template get<T>("lm_head.input"));
+    auto& table = embedding_.token_weight();
+    const std::int64_t rows = input.numel() / config_.d_model;
+    const std::int64_t columns = embedding_.shard().columns;
+    kernels::matmul(exec_, reshape(dlogits, shape{rows, columns}),
+                    reshape(input, shape{rows, config_.d_model}), table.grad,
+                    {.transpose_a = true, .beta = 1.0});
+    quintet::tensor<T, Device> dx(input.shape());
+    kernels::matmul(exec_, dlogits, table.value, dx);
+    if constexpr (sequence_on_tp) {
+      return parallel::reduce_scatter_sequence(mesh_->tp(), dx.view());
+    } else if constexpr (vocab_parallel) {
+      mesh_->tp().all_reduce(dx, reduce_op::sum);
+    }
+    return dx;
+  }
+
+  // The loss of every sp rank's rows: one all-reduce of (sum, count).
+  kernels::cross_entropy_result sum_over_sp(kernels::cross_entropy_result local) {
+    quintet::tensor<double, host> totals(shape{2});
+    totals(0) = local.loss_sum;
+    totals(1) = static_cast<double>(local.count);
+    if constexpr (std::is_same_v<Device, host>) {
+      mesh_->sp().all_reduce(totals, reduce_op::sum);
+    } else {
+      quintet::tensor<double, Device> on_device(shape{2});
+      copy(on_device, totals);
+      mesh_->sp().all_reduce(on_device, reduce_op::sum);
+      copy(totals, on_device);
+    }
+    return {.loss_sum = totals(0), .count = static_cast<std::int64_t>(totals(1))};
+  }
+
+  static std::pair<std::int32_t, std::int64_t> saved_ignore_index_and_seq(
+      const context<Device>& ctx) {
+    quintet::tensor<std::int32_t, host> kept(shape{2});
+    copy(kept, ctx.template get<std::int32_t>("lm_head.ignore_index_and_seq"));
+    return {kept(0), kept(1)};
   }
 
   const execution<Device>& exec_;
   gpt_config config_;
-  embedding<T, Device> embedding_;
+  Mesh* mesh_;
+  embedding<T, Device, Plan, Mesh> embedding_;
   std::vector<std::unique_ptr<transformer_block<T, Device, Plan, Mesh>>> blocks_;
   layer_norm<T, Device> final_norm_;
-  std::optional<linear<T, Device>> head_;  // only when the weights are not tied
+  std::optional<typename projections::column> head_;  // only when the weights are not tied
 };
 
 }  // namespace quintet::nn

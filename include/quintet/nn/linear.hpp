@@ -60,16 +60,28 @@ class linear {
     check_last_dim(x.shape(), in_, "input");
     auto& saved = ctx.template save<T>(name_ + ".input", x.shape());  // (..., in)
     copy(saved, x);
+    return apply(x);
+  }
+
+  // dy (..., out) -> dx (..., in); accumulates dW += dy^T x and db += column sums of dy.
+  quintet::tensor<T, Device> backward(context<Device>& ctx, tensor_view<const T, Device> dy) {
+    return backward_from(ctx.template get<T>(name_ + ".input"), dy);
+  }
+
+  // The forward without keeping x, for callers that keep (or recompute) it themselves: a
+  // sequence-parallel column_linear keeps its sequence shard and gathers it again in backward.
+  quintet::tensor<T, Device> apply(tensor_view<const T, Device> x) {
+    check_last_dim(x.shape(), in_, "input");
     quintet::tensor<T, Device> y(x.shape().with_extent(x.rank() - 1, out_));  // (..., out)
     kernels::matmul(exec_, x, matrix(weight_.value), y, {.transpose_b = true});
     if (bias_ != nullptr) kernels::bias_add(exec_, y, vector(bias_->value));
     return y;
   }
 
-  // dy (..., out) -> dx (..., in); accumulates dW += dy^T x and db += column sums of dy.
-  quintet::tensor<T, Device> backward(context<Device>& ctx, tensor_view<const T, Device> dy) {
+  // The backward from the forward's input x (..., in), however the caller kept it.
+  quintet::tensor<T, Device> backward_from(tensor_view<const T, Device> x,
+                                           tensor_view<const T, Device> dy) {
     check_last_dim(dy.shape(), out_, "output gradient");
-    const auto& x = ctx.template get<T>(name_ + ".input");
     QUINTET_CHECK(dy.shape() == x.shape().with_extent(x.rank() - 1, out_),
                   "linear '{}': output gradient {} does not match the saved input {}", name_,
                   dy.shape(), x.shape());
@@ -86,6 +98,7 @@ class linear {
   parameter<T, Device>* bias() { return bias_; }
   std::int64_t local_in() const { return in_; }
   std::int64_t local_out() const { return out_; }
+  const std::string& name() const { return name_; }
 
  private:
   // (out, in), or (groups, out / groups, in) for a fused projection.

@@ -31,6 +31,15 @@ using comm_of = std::remove_reference_t<decltype(std::declval<Mesh&>().tp())>;
 template <class Plan>
 inline constexpr bool uses_tensor_parallel = Plan::template has<strategy::tensor>;
 
+// The sequence style the tensor-parallel linears take part in: megatron_sp shards the sequence on
+// the tp group, so the linears gather and scatter it; Ulysses and ring work on the sp axis and
+// leave the linears alone.
+template <class Plan>
+using linear_sequence_style =
+    std::conditional_t<std::is_same_v<typename Plan::template style<strategy::sequence>,
+                                      megatron_sp>,
+                       megatron_sp, none>;
+
 template <class T, class Device, class Plan, class Mesh>
 struct projections {
   using column = nn::linear<T, Device>;
@@ -52,8 +61,8 @@ struct projections {
 template <class T, class Device, class Plan, class Mesh>
 requires uses_tensor_parallel<Plan>
 struct projections<T, Device, Plan, Mesh> {
-  using column = column_linear<T, Device, comm_of<Mesh>>;
-  using row = row_linear<T, Device, comm_of<Mesh>>;
+  using column = column_linear<T, Device, comm_of<Mesh>, linear_sequence_style<Plan>>;
+  using row = row_linear<T, Device, comm_of<Mesh>, linear_sequence_style<Plan>>;
 
   static column make_column(nn::parameter_registry<T, Device>& registry,
                             const execution<Device>& exec, Mesh* mesh, const std::string& name,

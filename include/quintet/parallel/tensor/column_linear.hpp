@@ -6,6 +6,11 @@
 //   W (out, in), tp = 2:      rank 0 holds rows [0, out/2)     y[..., 0:out/2]   = x W0^T + b0
 //                             rank 1 holds rows [out/2, out)   y[..., out/2:out] = x W1^T + b1
 //   dx = dy0 W0 + dy1 W1      (all-reduce over tp)
+//
+// With Megatron sequence parallelism (Sequence = megatron_sp) the input arrives as this rank's
+// sequence block (batch, seq / tp, in): forward all-gathers it, backward reduce-scatters dx back
+// to the block. Only the block is kept, and backward gathers it again for dW, so the activation
+// kept per rank is 1/tp of the input (Korthikanti et al. 2022).
 #pragma once
 
 #include <quintet/comm/communicator.hpp>
@@ -16,15 +21,24 @@
 #include <quintet/nn/linear.hpp>
 #include <quintet/nn/parameter.hpp>
 #include <quintet/parallel/placement.hpp>
+#include <quintet/parallel/plan.hpp>
+#include <quintet/parallel/sequence/sequence_collectives.hpp>
+#include <quintet/tensor/copy.hpp>
 #include <quintet/tensor/tensor.hpp>
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 namespace quintet::parallel {
 
-template <class T, class Device, communicator Comm>
+template <class T, class Device, communicator Comm, class Sequence = none>
 class column_linear {
+  static_assert(
+      std::is_same_v<Sequence, none> || std::is_same_v<Sequence, megatron_sp>,
+      "column_linear<..., Sequence>: Sequence is parallel::none or parallel::megatron_sp");
+  static constexpr bool sequence_sharded = std::is_same_v<Sequence, megatron_sp>;
+
  public:
   // `options.output_groups` > 1 (a fused q, k, v projection) splits every group the same way, so
   // each rank holds the q, k and v of its heads.
@@ -38,15 +52,29 @@ class column_linear {
                 const std::string&, std::int64_t, std::int64_t, nn::linear_options = {}) = delete;
 
   // x (..., in), the same on every tp rank -> y (..., out / tp), this rank's columns.
+  // Sequence-sharded: x (batch, seq / tp, in), this rank's block -> y (batch, seq, out / tp).
   quintet::tensor<T, Device> forward(nn::context<Device>& ctx, tensor_view<const T, Device> x) {
-    return linear_.forward(ctx, x);
+    if constexpr (sequence_sharded) {
+      copy(ctx.template save<T>(linear_.name() + ".input_block", x.shape()), x);
+      return linear_.apply(gather_sequence(tp_, x).view());
+    } else {
+      return linear_.forward(ctx, x);
+    }
   }
 
-  // dy (..., out / tp) -> dx (..., in), summed over the tp group.
+  // dy (..., out / tp) -> dx (..., in), summed over the tp group (sequence-sharded: reduced and
+  // scattered to this rank's block).
   quintet::tensor<T, Device> backward(nn::context<Device>& ctx, tensor_view<const T, Device> dy) {
-    quintet::tensor<T, Device> dx = linear_.backward(ctx, dy);
-    tp_.all_reduce(dx, reduce_op::sum);
-    return dx;
+    if constexpr (sequence_sharded) {
+      const auto& block = ctx.template get<T>(linear_.name() + ".input_block");
+      const quintet::tensor<T, Device> x = gather_sequence(tp_, block.view());
+      const quintet::tensor<T, Device> dx = linear_.backward_from(x.view(), dy);
+      return reduce_scatter_sequence(tp_, dx.view());
+    } else {
+      quintet::tensor<T, Device> dx = linear_.backward(ctx, dy);
+      tp_.all_reduce(dx, reduce_op::sum);
+      return dx;
+    }
   }
 
   std::int64_t local_out() const { return linear_.local_out(); }

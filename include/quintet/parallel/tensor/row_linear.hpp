@@ -6,6 +6,12 @@
 //   W (out, in), tp = 2:      rank 0 holds columns [0, in/2)    y = x0 W0^T + x1 W1^T + b
 //                             rank 1 holds columns [in/2, in)   (all-reduce over tp, then + b)
 //   dx_r = dy W_r             (local)
+//
+// With Megatron sequence parallelism (Sequence = megatron_sp) forward reduce-scatters instead,
+// leaving each rank its sequence block (batch, seq / tp, out) of the sum, and backward all-gathers
+// the block gradients. The bias is then added to, and its gradient taken from, the block only: a
+// partial gradient, summed over tp with the other replicated parameters'
+// (parallel::synchronize_gradients).
 #pragma once
 
 #include <quintet/comm/communicator.hpp>
@@ -17,15 +23,22 @@
 #include <quintet/nn/linear.hpp>
 #include <quintet/nn/parameter.hpp>
 #include <quintet/parallel/placement.hpp>
+#include <quintet/parallel/plan.hpp>
+#include <quintet/parallel/sequence/sequence_collectives.hpp>
 #include <quintet/tensor/tensor.hpp>
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 namespace quintet::parallel {
 
-template <class T, class Device, communicator Comm>
+template <class T, class Device, communicator Comm, class Sequence = none>
 class row_linear {
+  static_assert(std::is_same_v<Sequence, none> || std::is_same_v<Sequence, megatron_sp>,
+                "row_linear<..., Sequence>: Sequence is parallel::none or parallel::megatron_sp");
+  static constexpr bool sequence_sharded = std::is_same_v<Sequence, megatron_sp>;
+
  public:
   row_linear(nn::parameter_registry<T, Device>& registry, const execution<Device>& exec, Comm& tp,
              const std::string& name, std::int64_t in_features, std::int64_t out_features,
@@ -42,18 +55,29 @@ class row_linear {
              const std::string&, std::int64_t, std::int64_t, nn::linear_options = {}) = delete;
 
   // x (..., in / tp), this rank's slice -> y (..., out), the same on every tp rank.
+  // Sequence-sharded: x (batch, seq, in / tp) -> y (batch, seq / tp, out), this rank's block.
   quintet::tensor<T, Device> forward(nn::context<Device>& ctx, tensor_view<const T, Device> x) {
     quintet::tensor<T, Device> y = linear_.forward(ctx, x);
-    tp_.all_reduce(y, reduce_op::sum);
+    if constexpr (sequence_sharded) {
+      y = reduce_scatter_sequence(tp_, y.view());
+    } else {
+      tp_.all_reduce(y, reduce_op::sum);
+    }
     if (bias_ != nullptr) kernels::bias_add(exec_, y, bias_->value);
     return y;
   }
 
   // dy (..., out), the same on every tp rank -> dx (..., in / tp).
+  // Sequence-sharded: dy (batch, seq / tp, out), this rank's block -> dx (batch, seq, in / tp).
   quintet::tensor<T, Device> backward(nn::context<Device>& ctx, tensor_view<const T, Device> dy) {
-    // Every rank sees the whole dy, so the replicated bias gets the same gradient everywhere.
+    // Without sequence sharding every rank sees the whole dy, so the replicated bias gets the same
+    // gradient everywhere; with it, each rank's block gives a partial gradient.
     if (bias_ != nullptr) kernels::bias_grad(exec_, dy, bias_->grad);
-    return linear_.backward(ctx, dy);
+    if constexpr (sequence_sharded) {
+      return linear_.backward(ctx, gather_sequence(tp_, dy).view());
+    } else {
+      return linear_.backward(ctx, dy);
+    }
   }
 
  private:
