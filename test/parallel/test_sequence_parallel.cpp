@@ -145,7 +145,7 @@ TEST_CASE("Ulysses moves per layer all-to-alls of 4 b*s*h / (sp*tp) per rank",
   }
 }
 
-TEST_CASE("ring attention passes sp - 1 key and value blocks per layer forward",
+TEST_CASE("ring attention passes sp - 1 key and value blocks per layer forward, sp backward",
           "[parity][sequence][ring][volume]") {
   using op = quintet::comm_operation;
   for (const auto degrees : {quintet::mesh_degrees{.sp = 2}, quintet::mesh_degrees{.sp = 4},
@@ -161,11 +161,11 @@ TEST_CASE("ring attention passes sp - 1 key and value blocks per layer forward",
       CHECK(sent.calls == sp - 1);
       CHECK(sent.bytes == (sp - 1) * kv_bytes);
       CHECK(share(two[r], one[r], true, "sp", op::recv).bytes == (sp - 1) * kv_bytes);
-      // Backward: K and V go around again with their gradients (dK, dV) travelling beside them,
-      // sp passes of 4 blocks so the gradients come home.
+      // Backward: K and V go around again with the gradients (dK, dV) gathered for them so far,
+      // sp - 1 passes of 4 blocks, then one pass of the finished (dK, dV) brings them home.
       const auto back = share(two[r], one[r], false, "sp", op::send);
       CHECK(back.calls == sp);
-      CHECK(back.bytes == sp * 2 * kv_bytes);
+      CHECK(back.bytes == (sp - 1) * 2 * kv_bytes + kv_bytes);
     }
   }
 }

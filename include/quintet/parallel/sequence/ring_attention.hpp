@@ -102,7 +102,8 @@ auto zigzag_shard(const Global& global, const zigzag_split& split, int rank) {
   using Device = typename decltype(view)::device_type;
   detail::check_zigzag_global(view, split, "zigzag_shard");
   const std::int64_t c = split.chunk_length();
-  tensor<T, Device> local(view.shape().with_extent(1, split.local_length()), view.stream());
+  quintet::tensor<T, Device> local(view.shape().with_extent(1, split.local_length()),
+                                   view.stream());
   const auto chunks = split.chunks_of(rank);
   for (int qc = 0; qc < 2; ++qc)
     quintet::copy(detail::zigzag_chunk(local.view(), c, qc),
@@ -139,7 +140,7 @@ zigzag_split ring_split(const QView& q, int ranks, const char* what) {
 
 // Part i of a packed (parts, batch, 2c, width) buffer as a (batch, 2c, width) view.
 template <class T, class Device>
-tensor_view<T, Device> ring_packed_part(tensor<T, Device>& buffer, int i) {
+tensor_view<T, Device> ring_packed_part(quintet::tensor<T, Device>& buffer, int i) {
   const auto& n = buffer.shape();
   return quintet::reshape(quintet::slice(buffer, 0, i, i + 1), shape{n[1], n[2], n[3]});
 }
@@ -190,11 +191,12 @@ void ring_attention_forward(const execution<Device>& exec, Comm& sp, const Q& q,
 
   // Each local query chunk's running lse, contiguous as the kernels need; the (batch, c, width)
   // result over one more key chunk before it is merged.
-  std::array<tensor<acc, Device>, 2> chunk_lse{tensor<acc, Device>(shape{batch, heads, c}),
-                                               tensor<acc, Device>(shape{batch, heads, c})};
+  std::array<quintet::tensor<acc, Device>, 2> chunk_lse{
+      quintet::tensor<acc, Device>(shape{batch, heads, c}),
+      quintet::tensor<acc, Device>(shape{batch, heads, c})};
   std::array<bool, 2> started{false, false};
-  tensor<T, Device> block_out(shape{batch, c, qv.shape()[2]});
-  tensor<acc, Device> block_lse(shape{batch, heads, c});
+  quintet::tensor<T, Device> block_out(shape{batch, c, qv.shape()[2]});
+  quintet::tensor<acc, Device> block_lse(shape{batch, heads, c});
   auto attend = [&](int source, const auto& block_k, const auto& block_v) {
     detail::ring_visible_pairs(split, rank, source, [&](int qc, int kc, kernels::attention_mask m) {
       const auto q_chunk = detail::zigzag_chunk(qv, c, qc);
@@ -216,12 +218,13 @@ void ring_attention_forward(const execution<Device>& exec, Comm& sp, const Q& q,
     attend(rank, kv, vv);
   } else {
     const shape packed{2, batch, 2 * c, qv.shape()[2]};
-    std::array<tensor<T, Device>, 2> buffers{tensor<T, Device>(packed), tensor<T, Device>(packed)};
+    std::array<quintet::tensor<T, Device>, 2> buffers{quintet::tensor<T, Device>(packed),
+                                                      quintet::tensor<T, Device>(packed)};
     quintet::copy(detail::ring_packed_part(buffers[0], 0), kv);
     quintet::copy(detail::ring_packed_part(buffers[0], 1), vv);
     const int next = (rank + 1) % ranks, previous = (rank - 1 + ranks) % ranks;
     for (int step = 0; step < ranks; ++step) {
-      tensor<T, Device>& held = buffers[step % 2];
+      quintet::tensor<T, Device>& held = buffers[step % 2];
       if (step + 1 < ranks) {
         const std::array<p2p_op, 2> pass{p2p_op::send(held, next, step),
                                          p2p_op::recv(buffers[(step + 1) % 2], previous, step)};
@@ -271,10 +274,12 @@ void ring_attention_backward(const execution<Device>& exec, Comm& sp, const Q& q
   kernels::require_shape(lv, shape{batch, heads, 2 * c}, what, "lse");
 
   // The final lse and delta of each local query chunk, contiguous.
-  std::array<tensor<acc, Device>, 2> chunk_lse{tensor<acc, Device>(shape{batch, heads, c}),
-                                               tensor<acc, Device>(shape{batch, heads, c})};
-  std::array<tensor<acc, Device>, 2> chunk_delta{tensor<acc, Device>(shape{batch, heads, c}),
-                                                 tensor<acc, Device>(shape{batch, heads, c})};
+  std::array<quintet::tensor<acc, Device>, 2> chunk_lse{
+      quintet::tensor<acc, Device>(shape{batch, heads, c}),
+      quintet::tensor<acc, Device>(shape{batch, heads, c})};
+  std::array<quintet::tensor<acc, Device>, 2> chunk_delta{
+      quintet::tensor<acc, Device>(shape{batch, heads, c}),
+      quintet::tensor<acc, Device>(shape{batch, heads, c})};
   for (int qc = 0; qc < 2; ++qc) {
     quintet::copy(chunk_lse[qc], quintet::slice(lv, 2, qc * c, (qc + 1) * c));
     kernels::attention_delta(exec, detail::zigzag_chunk(dov, c, qc),
@@ -301,13 +306,14 @@ void ring_attention_backward(const execution<Device>& exec, Comm& sp, const Q& q
   }
   // Packed block: parts K, V, dK, dV; the trailing (dK, dV) half is contiguous on its own.
   const shape packed{4, batch, 2 * c, width};
-  std::array<tensor<T, Device>, 2> buffers{tensor<T, Device>(packed), tensor<T, Device>(packed)};
+  std::array<quintet::tensor<T, Device>, 2> buffers{quintet::tensor<T, Device>(packed),
+                                                    quintet::tensor<T, Device>(packed)};
   quintet::copy(detail::ring_packed_part(buffers[0], 0), kv);
   quintet::copy(detail::ring_packed_part(buffers[0], 1), vv);
   quintet::fill(quintet::slice(buffers[0], 0, 2, 4), T(0));
   const int next = (rank + 1) % ranks, previous = (rank - 1 + ranks) % ranks;
   for (int step = 0; step < ranks; ++step) {
-    tensor<T, Device>& held = buffers[step % 2];
+    quintet::tensor<T, Device>& held = buffers[step % 2];
     attend((rank - step + ranks) % ranks, detail::ring_packed_part(held, 0),
            detail::ring_packed_part(held, 1), detail::ring_packed_part(held, 2),
            detail::ring_packed_part(held, 3));
@@ -320,8 +326,8 @@ void ring_attention_backward(const execution<Device>& exec, Comm& sp, const Q& q
   }
   // Held now: rank r + 1's block, complete (it has visited every rank). Send its gradients home
   // and receive ours from rank r - 1.
-  tensor<T, Device>& finished = buffers[(ranks - 1) % 2];
-  tensor<T, Device>& home = buffers[ranks % 2];
+  quintet::tensor<T, Device>& finished = buffers[(ranks - 1) % 2];
+  quintet::tensor<T, Device>& home = buffers[ranks % 2];
   const std::array<p2p_op, 2> pass{p2p_op::send(quintet::slice(finished, 0, 2, 4), next, ranks),
                                    p2p_op::recv(quintet::slice(home, 0, 2, 4), previous, ranks)};
   sp.exchange(pass);
