@@ -252,7 +252,7 @@ TEST_CASE("sequence parallel plans refuse what does not divide", "[parity][seque
   SECTION("ring sequence over 2 sp zig-zag chunks") {
     REQUIRE_THROWS_WITH(
         build(ring_plan{}, {.sp = 2}, config, 6),
-        Catch::Contains("a sequence of 6 tokens does not split into 2 x sp = 4 zig-zag chunks"));
+        Catch::Contains("sequence of 6 tokens does not split into 2 x sp = 4 zig-zag chunks"));
   }
   SECTION("Megatron-SP sequence over tp") {
     REQUIRE_THROWS_WITH(build(megatron_sp_plan{}, {.tp = 4}, config, 6),

@@ -20,6 +20,7 @@
 #include <quintet/kernels/attention.hpp>
 #include <quintet/kernels/execution.hpp>
 #include <quintet/kernels/operand.hpp>
+#include <quintet/parallel/sequence/sequence_layout.hpp>
 #include <quintet/tensor/copy.hpp>
 #include <quintet/tensor/fill.hpp>
 #include <quintet/tensor/reshape.hpp>
@@ -33,40 +34,6 @@
 #include <utility>
 
 namespace quintet::parallel {
-
-// Which global positions each sp rank holds under the zig-zag split of `seq` positions.
-struct zigzag_split {
-  int sp = 1;
-  std::int64_t seq = 0;
-
-  zigzag_split(int ranks, std::int64_t positions) : sp(ranks), seq(positions) {
-    QUINTET_CHECK(ranks >= 1, "ring attention needs sp >= 1 ranks, got {}", ranks);
-    QUINTET_CHECK(positions >= 0 && positions % (2 * ranks) == 0,
-                  "sequence of {} tokens does not split into 2 x sp = {} zig-zag chunks", positions,
-                  2 * ranks);
-  }
-
-  std::int64_t chunk_length() const { return seq / (2 * sp); }  // c
-  std::int64_t local_length() const { return 2 * chunk_length(); }
-  int chunk_count() const { return 2 * sp; }
-
-  void check_rank(int rank) const {
-    QUINTET_CHECK(rank >= 0 && rank < sp, "rank {} is not an sp rank of {}", rank, sp);
-  }
-  // The global chunk indices of a rank's local rows [0, c) and [c, 2c).
-  std::array<int, 2> chunks_of(int rank) const {
-    check_rank(rank);
-    return {rank, 2 * sp - 1 - rank};
-  }
-  // The global position of local row i of a rank.
-  std::int64_t global_position(int rank, std::int64_t local_row) const {
-    QUINTET_CHECK(local_row >= 0 && local_row < local_length(),
-                  "local row {} is outside the {} rows of a zig-zag shard", local_row,
-                  local_length());
-    const std::int64_t c = chunk_length();
-    return chunks_of(rank)[local_row / c] * c + local_row % c;
-  }
-};
 
 // How a query chunk sees a key chunk under the causal mask, by global chunk index.
 enum class chunk_visibility : std::uint8_t { skip, causal, full };

@@ -14,11 +14,46 @@
 #include <quintet/tensor/slice.hpp>
 #include <quintet/tensor/tensor.hpp>
 
+#include <array>
 #include <cstdint>
 #include <type_traits>
 #include <vector>
 
 namespace quintet::parallel {
+
+// Which global positions each sp rank holds under the zig-zag split of `seq` positions.
+struct zigzag_split {
+  int sp = 1;
+  std::int64_t seq = 0;
+
+  zigzag_split(int ranks, std::int64_t positions) : sp(ranks), seq(positions) {
+    QUINTET_CHECK(ranks >= 1, "ring attention needs sp >= 1 ranks, got {}", ranks);
+    QUINTET_CHECK(positions >= 0 && positions % (2 * ranks) == 0,
+                  "sequence of {} tokens does not split into 2 x sp = {} zig-zag chunks", positions,
+                  2 * ranks);
+  }
+
+  std::int64_t chunk_length() const { return seq / (2 * sp); }  // c
+  std::int64_t local_length() const { return 2 * chunk_length(); }
+  int chunk_count() const { return 2 * sp; }
+
+  void check_rank(int rank) const {
+    QUINTET_CHECK(rank >= 0 && rank < sp, "rank {} is not an sp rank of {}", rank, sp);
+  }
+  // The global chunk indices of a rank's local rows [0, c) and [c, 2c).
+  std::array<int, 2> chunks_of(int rank) const {
+    check_rank(rank);
+    return {rank, 2 * sp - 1 - rank};
+  }
+  // The global position of local row i of a rank.
+  std::int64_t global_position(int rank, std::int64_t local_row) const {
+    QUINTET_CHECK(local_row >= 0 && local_row < local_length(),
+                  "local row {} is outside the {} rows of a zig-zag shard", local_row,
+                  local_length());
+    const std::int64_t c = chunk_length();
+    return chunks_of(rank)[local_row / c] * c + local_row % c;
+  }
+};
 
 // Local rows [row, row + length) hold global positions [position, position + length).
 struct position_run {
@@ -51,11 +86,10 @@ struct sequence_layout {
 
   // Chunks rank and 2 ranks - 1 - rank of 2 ranks equal chunks.
   static sequence_layout zigzag(std::int64_t seq, int ranks, int rank) {
-    QUINTET_CHECK(seq % (2 * ranks) == 0,
-                  "ring: a sequence of {} tokens does not split into 2 x sp = {} zig-zag chunks",
-                  seq, 2 * ranks);
-    const std::int64_t chunk = seq / (2 * ranks);
-    return {{{0, rank * chunk, chunk}, {chunk, (2 * ranks - 1 - rank) * chunk, chunk}}};
+    const zigzag_split split(ranks, seq);
+    const auto chunks = split.chunks_of(rank);
+    const std::int64_t c = split.chunk_length();
+    return {{{0, chunks[0] * c, c}, {c, chunks[1] * c, c}}};
   }
 };
 
