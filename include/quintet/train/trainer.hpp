@@ -1,8 +1,10 @@
 // trainer: the training loop of a GPT on one rank — global batches from a token source split into
 // micro-batches whose gradients accumulate, the mean loss, global-norm clipping, AdamW with a
 // cosine schedule, and a stop naming the step when the loss stops being a number. Under a plan
-// the rank holds its part of the model; every rank of a tensor-parallel group runs the same
-// loop on the same batch.
+// the rank holds its part of the model and every rank runs the same loop on the same (whole)
+// batch: tensor parallelism (tp), Megatron-SP (the sequence on the tp group), and Ulysses or ring
+// attention (the sequence on the sp axis, alone or with tp). After the last micro-batch's
+// backward the step sums the gradients sequence parallelism leaves partial, then takes the norm.
 #pragma once
 
 #include <quintet/core/error.hpp>
@@ -16,6 +18,7 @@
 #include <quintet/optim/gradient_norm.hpp>
 #include <quintet/optim/lr_schedule.hpp>
 #include <quintet/parallel/gradient_norm.hpp>
+#include <quintet/parallel/gradient_sync.hpp>
 #include <quintet/parallel/placement.hpp>
 #include <quintet/parallel/plan.hpp>
 #include <quintet/parallel/projections.hpp>
@@ -71,8 +74,8 @@ class trainer {
   static constexpr bool serial = std::is_same_v<Mesh, parallel::no_mesh>;
 
  public:
-  // `mesh` is this rank's device mesh (null for the serial model). Strategies the plan does not
-  // implement yet must have degree 1.
+  // `mesh` is this rank's device mesh (null for the serial model). Its tp and sp degrees must be
+  // ones the plan uses; dp, pp and ep (not implemented yet) must be 1.
   trainer(const Source& source, const nn::gpt_config& model, const training_options& options,
           const execution<host>& exec, Mesh* mesh = nullptr)
       : source_(source),
@@ -133,6 +136,10 @@ class trainer {
     if constexpr (serial) {
       norm = optim::global_gradient_norm(exec_, registry_);
     } else {
+      // Once per step, after every micro-batch: the gradients accumulated over them are summed
+      // over the ranks that each saw part of the sequence (summing per micro-batch would count
+      // the earlier ones again).
+      parallel::synchronize_gradients<Plan>(registry_, *mesh_);
       norm = parallel::global_gradient_norm(exec_, registry_, *mesh_);
     }
     const double lr = schedule_(step);
@@ -149,14 +156,21 @@ class trainer {
  private:
   static Mesh* checked_mesh(Mesh* mesh) {
     if constexpr (!serial) {
+      using sequence_style = typename Plan::template style<parallel::strategy::sequence>;
+      constexpr bool sequence_on_sp = std::is_same_v<sequence_style, parallel::ulysses> ||
+                                      std::is_same_v<sequence_style, parallel::ring>;
       QUINTET_CHECK(mesh != nullptr, "training under a parallel plan needs the device mesh");
       const mesh_degrees& d = mesh->degrees();
-      QUINTET_CHECK(d.dp == 1 && d.pp == 1 && d.sp == 1 && d.ep == 1,
-                    "training: only tensor parallelism is implemented so far; the mesh has dp {}, "
-                    "pp {}, sp {}, ep {}",
-                    d.dp, d.pp, d.sp, d.ep);
+      QUINTET_CHECK(d.dp == 1 && d.pp == 1 && d.ep == 1,
+                    "training: only tensor and sequence parallelism are implemented so far; the "
+                    "mesh has dp {}, pp {}, ep {}",
+                    d.dp, d.pp, d.ep);
       QUINTET_CHECK(d.tp == 1 || parallel::uses_tensor_parallel<Plan>,
                     "training: the mesh has tp = {} but the plan has no tensor policy", d.tp);
+      QUINTET_CHECK(d.sp == 1 || sequence_on_sp,
+                    "training: the mesh has sp = {} but the plan has no sequence<ulysses> or "
+                    "sequence<ring> policy (megatron_sp shards the sequence on the tp group)",
+                    d.sp);
     }
     return mesh;
   }
