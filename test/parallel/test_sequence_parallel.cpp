@@ -192,7 +192,8 @@ TEST_CASE("activation memory per layer follows the formula of each plan",
           4 * (9 * bsh + 2 * bsH + 4 * bs + abs) / t);
   }
   for (const auto degrees :
-       {quintet::mesh_degrees{.sp = 2}, quintet::mesh_degrees{.tp = 2, .sp = 2}}) {
+       {quintet::mesh_degrees{.sp = 2}, quintet::mesh_degrees{.tp = 2, .sp = 2},
+        quintet::mesh_degrees{.sp = 4}, quintet::mesh_degrees{.tp = 2, .sp = 4}}) {
     const std::int64_t t = degrees.tp, p = degrees.sp;
     INFO("t = " << t << ", p = " << p);
     const std::int64_t expected =
