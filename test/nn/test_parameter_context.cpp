@@ -114,3 +114,20 @@ TEST_CASE("a context keeps named tensors, counts their bytes and checks types", 
   ctx.clear();
   CHECK(ctx.bytes() == 0);
 }
+
+TEST_CASE("a context alias refers to a saved tensor without holding memory", "[nn][context]") {
+  quintet::nn::context<host> ctx;
+  auto& out = ctx.save<float>("attn.attention_output", shape{2, 3});
+  out(1, 2) = 7.0f;
+  ctx.alias("attn.proj.input", "attn.attention_output");
+  ctx.alias("again", "attn.proj.input");  // an alias of an alias names the same tensor
+  CHECK(ctx.bytes() == 2 * 3 * 4);
+  CHECK(&ctx.get<float>("attn.proj.input") == &out);
+  CHECK(ctx.get<float>("again")(1, 2) == 7.0f);
+  REQUIRE_THROWS_WITH(ctx.get<std::int32_t>("again"),
+                      Catch::Contains("'again' was saved with another element type"));
+  REQUIRE_THROWS_WITH(ctx.alias("x", "missing"),
+                      Catch::Contains("cannot alias 'x' to 'missing', nothing is saved"));
+  REQUIRE_THROWS_WITH(ctx.alias("again", "attn.attention_output"),
+                      Catch::Contains("'again' is already saved"));
+}

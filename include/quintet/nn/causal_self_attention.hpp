@@ -80,7 +80,8 @@ class causal_self_attention {
       kernels::attention_forward(exec_, part(qkv, 0), part(qkv, 1), part(qkv, 2), out, lse, heads);
     }
     if constexpr (ulysses) return proj_.forward(ctx, to_sequence(out.view(), 1).view());
-    return proj_.forward(ctx, out.view());
+    // The output projection's dW needs `out`, which attention keeps anyway for its backward.
+    return proj_.forward_kept(ctx, name_ + ".attention_output");
   }
 
   // dy (batch, seq, d) -> dx (batch, seq, d)

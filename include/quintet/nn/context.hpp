@@ -41,6 +41,22 @@ class context {
     return typed<T>(name).tensor;
   }
 
+  // Makes `name` refer to the tensor already saved under `target`, holding no memory of its own:
+  // a layer whose input another layer keeps anyway (the attention output the output projection
+  // needs for dW) refers to it instead of copying it.
+  void alias(std::string name, std::string_view target) {
+    QUINTET_CHECK(!entries_.contains(name), "context: '{}' is already saved in this micro-batch",
+                  name);
+    const auto found = entries_.find(target);
+    QUINTET_CHECK(found != entries_.end(),
+                  "context: cannot alias '{}' to '{}', nothing is saved "
+                  "under '{}'",
+                  name, target, target);
+    entry* resolved = found->second.get();
+    if (auto* other = dynamic_cast<alias_entry*>(resolved)) resolved = other->target;
+    entries_.emplace(std::move(name), std::make_unique<alias_entry>(resolved));
+  }
+
   bool contains(std::string_view name) const { return entries_.find(name) != entries_.end(); }
 
   // Bytes of every tensor held: the activation memory of this micro-batch.
@@ -65,11 +81,20 @@ class context {
     quintet::tensor<T, Device> tensor;
   };
 
+  // Another entry's tensor under a second name; its bytes are counted once, by the target.
+  struct alias_entry final : entry {
+    explicit alias_entry(entry* to) : target(to) {}
+    std::size_t bytes() const override { return 0; }
+    entry* target;
+  };
+
   template <class T>
   typed_entry<T>& typed(std::string_view name) const {
     const auto found = entries_.find(name);
     QUINTET_CHECK(found != entries_.end(), "context: nothing saved under '{}'", name);
-    auto* typed = dynamic_cast<typed_entry<T>*>(found->second.get());
+    entry* held = found->second.get();
+    if (auto* alias = dynamic_cast<alias_entry*>(held)) held = alias->target;
+    auto* typed = dynamic_cast<typed_entry<T>*>(held);
     QUINTET_CHECK(typed != nullptr, "context: '{}' was saved with another element type than {}",
                   name, name_of(dtype_of<T>));
     return *typed;

@@ -148,8 +148,10 @@ class gpt {
       // keeps the sequence block and gathers it (again in backward), as column_linear does.
       auto& kept = ctx.template save<T>("lm_head.input", x.shape());
       copy(kept, x);
-      kernels::matmul(exec_, head_input(kept), embedding_.token_weight().value, logits,
-                      {.transpose_b = true});
+      with_head_input(kept, [&](tensor_view<const T, Device> input) {
+        kernels::matmul(exec_, input, embedding_.token_weight().value, logits,
+                        {.transpose_b = true});
+      });
     }
     auto& my_targets = ctx.template save<std::int32_t>("lm_head.targets", shape{batch, rows});
     copy(my_targets, parallel::take_rows(targets, input));
@@ -214,26 +216,31 @@ class gpt {
     return true;
   }
 
-  // The head's input over the rows the logits cover: under megatron_sp the gathered sequence.
-  quintet::tensor<T, Device> head_input(const quintet::tensor<T, Device>& kept) {
-    if constexpr (sequence_on_tp) return parallel::gather_sequence(mesh_->tp(), kept.view());
-    quintet::tensor<T, Device> x(kept.shape());
-    copy(x, kept);
-    return x;
+  // f(the head's input over the rows the logits cover): the kept tensor, or under megatron_sp
+  // the sequence gathered from the kept blocks.
+  template <class F>
+  void with_head_input(const quintet::tensor<T, Device>& kept, F&& f) {
+    if constexpr (sequence_on_tp) {
+      f(parallel::gather_sequence(mesh_->tp(), kept.view()).view());
+    } else {
+      f(kept.view());
+    }
   }
 
   // dlogits (batch, rows, vocab / tp) -> dx (batch, rows of the activations, d); accumulates the
   // token table's gradient from the head's use of it.
   quintet::tensor<T, Device> tied_head_backward(context<Device>& ctx,
                                                 const quintet::tensor<T, Device>& dlogits) {
-    const quintet::tensor<T, Device> input = head_input(ctx.template get<T>("lm_head.input"));
     auto& table = embedding_.token_weight();
-    const std::int64_t rows = input.numel() / config_.d_model;
     const std::int64_t columns = embedding_.shard().columns;
-    kernels::matmul(exec_, reshape(dlogits, shape{rows, columns}),
-                    reshape(input, shape{rows, config_.d_model}), table.grad,
-                    {.transpose_a = true, .beta = 1.0});
-    quintet::tensor<T, Device> dx(input.shape());
+    quintet::tensor<T, Device> dx;  // (batch, rows of the logits, d)
+    with_head_input(ctx.template get<T>("lm_head.input"), [&](tensor_view<const T, Device> input) {
+      const std::int64_t rows = input.numel() / config_.d_model;
+      kernels::matmul(exec_, reshape(dlogits, shape{rows, columns}),
+                      reshape(input, shape{rows, config_.d_model}), table.grad,
+                      {.transpose_a = true, .beta = 1.0});
+      dx = quintet::tensor<T, Device>(input.shape());
+    });
     kernels::matmul(exec_, dlogits, table.value, dx);
     if constexpr (sequence_on_tp) {
       return parallel::reduce_scatter_sequence(mesh_->tp(), dx.view());

@@ -63,6 +63,13 @@ class linear {
     return apply(x);
   }
 
+  // The forward of an input the caller has already saved in the context under `kept` (for its own
+  // backward): the layer refers to that tensor instead of keeping a copy.
+  quintet::tensor<T, Device> forward_kept(context<Device>& ctx, const std::string& kept) {
+    ctx.alias(name_ + ".input", kept);
+    return apply(ctx.template get<T>(name_ + ".input").view());
+  }
+
   // dy (..., out) -> dx (..., in); accumulates dW += dy^T x and db += column sums of dy.
   quintet::tensor<T, Device> backward(context<Device>& ctx, tensor_view<const T, Device> dy) {
     return backward_from(ctx.template get<T>(name_ + ".input"), dy);

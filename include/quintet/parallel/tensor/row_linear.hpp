@@ -57,14 +57,12 @@ class row_linear {
   // x (..., in / tp), this rank's slice -> y (..., out), the same on every tp rank.
   // Sequence-sharded: x (batch, seq, in / tp) -> y (batch, seq / tp, out), this rank's block.
   quintet::tensor<T, Device> forward(nn::context<Device>& ctx, tensor_view<const T, Device> x) {
-    quintet::tensor<T, Device> y = linear_.forward(ctx, x);
-    if constexpr (sequence_sharded) {
-      y = reduce_scatter_sequence(tp_, y.view());
-    } else {
-      tp_.all_reduce(y, reduce_op::sum);
-    }
-    if (bias_ != nullptr) kernels::bias_add(exec_, y, bias_->value);
-    return y;
+    return reduce(linear_.forward(ctx, x));
+  }
+
+  // The forward of an input already saved in the context under `kept` (see nn::linear).
+  quintet::tensor<T, Device> forward_kept(nn::context<Device>& ctx, const std::string& kept) {
+    return reduce(linear_.forward_kept(ctx, kept));
   }
 
   // dy (..., out), the same on every tp rank -> dx (..., in / tp).
@@ -81,6 +79,17 @@ class row_linear {
   }
 
  private:
+  // The partial products summed over tp (sequence-sharded: and scattered), plus the bias.
+  quintet::tensor<T, Device> reduce(quintet::tensor<T, Device> y) {
+    if constexpr (sequence_sharded) {
+      y = reduce_scatter_sequence(tp_, y.view());
+    } else {
+      tp_.all_reduce(y, reduce_op::sum);
+    }
+    if (bias_ != nullptr) kernels::bias_add(exec_, y, bias_->value);
+    return y;
+  }
+
   static nn::linear_options sharded_options(const std::string& name, std::int64_t in,
                                             nn::linear_options options, int tp_size) {
     QUINTET_CHECK(options.output_groups == 1,
