@@ -2,9 +2,14 @@
 // whose entropy rate (the best loss any model can reach) is known exactly, or on any file (--data).
 //
 //   train_gpt --steps 800 --report run.json
+//   train_gpt --world 4 --tp 2 --sp 2 --sp-style ring      # 4 thread ranks, tp x sp = 2 x 2
+//   mpirun -np 2 train_gpt --sp 2 --sp-style ulysses       # the ranks of mpirun instead
 //
 // Prints a progress line every --log-every steps (loss, the source's floor, tokens/s, ms/step) and
-// a summary; --report writes the configuration and the loss of every step as JSON.
+// a summary; --report writes the configuration and the loss of every step as JSON. Every rank is
+// given the whole global batch of the serial run (the source is a function of the seed and the
+// step), so with the same --seed every configuration trains on the same data and its losses match
+// the serial run's up to the order of fp32 sums.
 #include <quintet/comm/thread_comm.hpp>
 #include <quintet/data/byte_corpus.hpp>
 #include <quintet/data/markov_source.hpp>
@@ -13,10 +18,15 @@
 #include <quintet/train/json_writer.hpp>
 #include <quintet/train/trainer.hpp>
 
+#if defined(QUINTET_WITH_MPI)
+#include <quintet/comm/mpi_comm.hpp>
+#endif
+
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <optional>
 #include <string>
@@ -35,9 +45,12 @@ struct program_options {
   std::string data_path;
   std::string report_path;
   std::int64_t log_every = 50;
-  int threads = 0;  // 0: every core (serial), 1 per rank (parallel)
-  int world = 1;    // thread ranks
-  int tp = 1;       // tensor-parallel degree
+  int threads = 0;                // 0: every core (serial), 1 per rank (parallel)
+  int world = 1;                  // ranks: threads of this process, or the processes of mpirun
+  int tp = 1;                     // tensor-parallel degree
+  int sp = 1;                     // sequence-parallel degree (the sp axis: ulysses, ring)
+  std::string sp_style = "none";  // none, megatron (on the tp group), ulysses, ring
+  bool mpi = false;               // the ranks are mpirun's processes
 };
 
 // The loss the summary reports: the mean over the last tenth of the run (at least one step), so
@@ -66,8 +79,14 @@ void write_report(const std::string& path, const program_options& options,
       .member("mlp_hidden", m.hidden())
       .member("tie_weights", m.tie_weights)
       .end_object();
-  json.key("parallel").begin_object().member("world", options.world).member("tp", options.tp);
-  json.end_object();
+  json.key("parallel")
+      .begin_object()
+      .member("world", options.world)
+      .member("ranks", options.mpi ? "mpi" : "threads")
+      .member("tp", options.tp)
+      .member("sp", options.sp)
+      .member("sp_style", options.sp_style)
+      .end_object();
   json.key("training")
       .begin_object()
       .member("steps", t.steps)
@@ -118,8 +137,11 @@ void run_rank(const Source& source, const program_options& options,
                options.model.heads, options.model.vocab);
     fmt::print("  batch {} x seq {} ({} micro-batches), {} steps, lr {} -> {}\n", t.batch, t.seq,
                t.micro_batches, t.steps, t.lr, t.min_lr);
-    fmt::print("  {} rank(s), tensor parallel {}, {} host thread(s) per rank\n", options.world,
-               options.tp, exec.threads());
+    fmt::print(
+        "  {} {} rank(s), tensor parallel {}, sequence parallel {} ({}), {} host thread(s) "
+        "per rank\n",
+        options.world, options.mpi ? "mpi" : "thread", options.tp, options.sp, options.sp_style,
+        exec.threads());
     if (floor) fmt::print("  entropy floor of the source: {:.4f} nats/token\n", *floor);
   }
 
@@ -154,39 +176,104 @@ void run_rank(const Source& source, const program_options& options,
   }
 }
 
+// Runtime choices -> plan types: the dispatch table a user writes for a binary that must run
+// several plans. Each plan instantiates its own model code; what it does not use compiles away.
+// The tensor policy is in every row: at --tp 1 it is a group of one.
+//
+//   --sp-style  plan<...>                                       mesh        the sequence
+//   none        tensor<megatron_1d>                             {.tp}       whole
+//   megatron    tensor<megatron_1d>, sequence<megatron_sp>      {.tp}       on the tp group
+//   ulysses     tensor<megatron_1d>, sequence<ulysses>          {.tp, .sp}  on the sp axis
+//   ring        tensor<megatron_1d>, sequence<ring>             {.tp, .sp}  on the sp axis
+//
+// (A single rank with no --sp-style is the serial model, plan serial_plan and no mesh.)
+template <class Plan>
+struct plan_type {
+  using type = Plan;
+};
+
+template <class Fn>
+void with_plan(const std::string& sp_style, Fn&& fn) {
+  namespace par = quintet::parallel;
+  using tensor = par::tensor<par::megatron_1d>;
+  if (sp_style == "none") {
+    fn(plan_type<quintet::plan<tensor>>{});
+  } else if (sp_style == "megatron") {
+    fn(plan_type<quintet::plan<tensor, par::sequence<par::megatron_sp>>>{});
+  } else if (sp_style == "ulysses") {
+    fn(plan_type<quintet::plan<tensor, par::sequence<par::ulysses>>>{});
+  } else if (sp_style == "ring") {
+    fn(plan_type<quintet::plan<tensor, par::sequence<par::ring>>>{});
+  } else {
+    QUINTET_FAIL("--sp-style {}: expected none, megatron, ulysses or ring", sp_style);
+  }
+}
+
+// One rank of a parallel run over `world` (thread_comm or mpi_comm): the mesh, the plan, the loop.
+template <class Source, class Comm>
+void run_parallel_rank(const Source& source, const program_options& options, Comm& world) {
+  // The ranks are the parallelism: each rank's kernels run on one thread unless told otherwise.
+  const quintet::execution<quintet::host> exec(options.threads == 0 ? 1 : options.threads);
+  using mesh_type = quintet::device_mesh<Comm>;
+  mesh_type mesh(world, {.tp = options.tp, .sp = options.sp});
+  with_plan(options.sp_style, [&]<class Plan>(plan_type<Plan>) {
+    run_rank<Plan>(source, options, exec, &mesh, world.rank() == 0);
+  });
+}
+
+// The degrees against each other and the world, with the reason when they do not fit.
+void check_parallel_options(const program_options& options) {
+  QUINTET_CHECK(options.world >= 1 && options.tp >= 1 && options.sp >= 1,
+                "--world {}, --tp {} and --sp {} must be positive", options.world, options.tp,
+                options.sp);
+  QUINTET_CHECK(options.sp_style != "megatron" || options.sp == 1,
+                "--sp-style megatron shards the sequence over the tp group (--tp), not over an sp "
+                "axis: --sp must be 1, not {} (use --sp-style ulysses or ring for an sp axis)",
+                options.sp);
+  QUINTET_CHECK(options.sp == 1 || options.sp_style != "none",
+                "--sp {} needs --sp-style ulysses or ring to say how the sequence is split",
+                options.sp);
+  QUINTET_CHECK(options.world == options.tp * options.sp,
+                "--world {}{} must equal --tp {} x --sp {} = {}: data and pipeline parallelism "
+                "are not implemented yet",
+                options.world, options.mpi ? " (the ranks of mpirun)" : "", options.tp, options.sp,
+                options.tp * options.sp);
+  QUINTET_CHECK(options.mpi || options.world == 1 || options.threads <= 1,
+                "--threads {} with --world {}: thread ranks run their kernels on one thread each "
+                "(OpenBLAS has one process-wide pool)",
+                options.threads, options.world);
+}
+
 template <class Source>
 int train(const Source& source, program_options options) {
   options.model.vocab = source.vocab_size();
   options.model.max_seq = options.training.seq;
-  QUINTET_CHECK(options.world >= 1 && options.tp >= 1, "--world {} and --tp {} must be positive",
-                options.world, options.tp);
-  QUINTET_CHECK(options.world == options.tp,
-                "--world {} must equal --tp {}: tensor parallelism is the only strategy "
-                "implemented so far",
-                options.world, options.tp);
-  QUINTET_CHECK(options.world == 1 || options.threads <= 1,
-                "--threads {} with --world {}: thread ranks run their kernels on one thread each "
-                "(OpenBLAS has one process-wide pool)",
-                options.threads, options.world);
-  if (options.world == 1) {
+  check_parallel_options(options);
+#if defined(QUINTET_WITH_MPI)
+  if (options.mpi) {
+    // The world is mpirun's: a rank that throws takes the job down, naming itself.
+    quintet::mpi_session{}.run(
+        [&](quintet::mpi_comm& world) { run_parallel_rank(source, options, world); });
+    return 0;
+  }
+#endif
+  if (options.world == 1 && options.sp_style == "none") {
     const auto exec = options.threads == 0 ? quintet::execution<quintet::host>::all_cores()
                                            : quintet::execution<quintet::host>(options.threads);
     run_rank<quintet::serial_plan, quintet::parallel::no_mesh>(source, options, exec, nullptr,
                                                                true);
     return 0;
   }
-  // Runtime choices -> plan types: the dispatch table a user writes for a binary that must run
-  // several plans. Each plan instantiates its own model code; what it does not use compiles away.
-  namespace par = quintet::parallel;
-  using tensor_plan = quintet::plan<par::tensor<par::megatron_1d>>;
-  using mesh_type = quintet::device_mesh<quintet::thread_comm>;
-  quintet::thread_world{options.world}.run([&](quintet::thread_comm& world) {
-    // The ranks are the parallelism: each rank's kernels run on one thread unless told otherwise.
-    const quintet::execution<quintet::host> exec(options.threads == 0 ? 1 : options.threads);
-    mesh_type mesh(world, {.tp = options.tp});
-    run_rank<tensor_plan>(source, options, exec, &mesh, world.rank() == 0);
-  });
+  quintet::thread_world{options.world}.run(
+      [&](quintet::thread_comm& world) { run_parallel_rank(source, options, world); });
   return 0;
+}
+
+// Whether mpirun (Open MPI, or a PMI launcher such as MPICH's Hydra) started this process.
+bool launched_by_mpirun() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"})
+    if (std::getenv(name) != nullptr) return true;
+  return false;
 }
 
 }  // namespace
@@ -228,15 +315,49 @@ int main(int argc, char** argv) {
   app.add_option("--log-every", options.log_every, "steps between progress lines")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  app.add_option("--world", options.world, "ranks, as threads of this process")
-      ->capture_default_str();
+  auto* world_option =
+      app.add_option("--world", options.world,
+                     "ranks, as threads of this process (under mpirun: its ranks; must equal "
+                     "--tp x --sp)")
+          ->capture_default_str();
   app.add_option("--tp", options.tp, "tensor-parallel degree (Megatron column/row linears)")
       ->capture_default_str();
+  app.add_option("--sp", options.sp,
+                 "sequence-parallel degree: the sp axis of the mesh (--sp-style ulysses or ring)")
+      ->capture_default_str();
+  app.add_option("--sp-style", options.sp_style,
+                 "how the sequence is split: none, megatron (over the tp group; --sp 1), ulysses "
+                 "(all-to-all over heads) or ring (ring attention, zig-zag)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"none", "megatron", "ulysses", "ring"}));
   app.add_option("--threads", options.threads,
                  "host threads per rank for the matrix products (0: every core when serial, "
                  "1 per rank when parallel)")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+
+  bool printer = true;
+#if defined(QUINTET_WITH_MPI)
+  std::optional<quintet::mpi_session> session;
+  if (launched_by_mpirun()) {
+    session.emplace(&argc, &argv);
+    int size = 1, rank = 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    options.mpi = true;
+    printer = rank == 0;
+    // --world defaults to mpirun's ranks; given, it must agree (checked with the degrees).
+    if (world_option->count() == 0) options.world = size;
+    if (options.world != size) {
+      if (printer)
+        fmt::print(stderr, "train_gpt: --world {} but mpirun started {} ranks\n", options.world,
+                   size);
+      return 1;
+    }
+  }
+#else
+  (void)world_option;
+#endif
 
   try {
     options.source.seed = t.seed;
@@ -244,7 +365,8 @@ int main(int argc, char** argv) {
       return train(quintet::byte_corpus::from_file(options.data_path, t.seed), options);
     return train(quintet::markov_source(options.source), options);
   } catch (const quintet::error& e) {
-    fmt::print(stderr, "train_gpt: {}\n", e.what());
+    // Under mpirun every rank stops on the same check before training: rank 0 says why.
+    if (printer) fmt::print(stderr, "train_gpt: {}\n", e.what());
     return 1;
   }
 }
