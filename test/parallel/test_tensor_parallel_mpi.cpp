@@ -1,7 +1,8 @@
 // Tensor- and sequence-parallel parity under MPI: the ranks of `mpirun -np N` form the mesh of the
 // GPT; each also runs the serial model itself and compares its losses and shards with it (the
 // tolerance is argued in test_tensor_parallel.cpp). Run by CTest under mpirun with 2 and 4 ranks:
-// tp = N; ring and Ulysses with tp x sp = 2 x (N / 2); Megatron-SP with tp = N.
+// tp = N; ring and Ulysses with sp = 2 (N = 2) or tp x sp = 2 x 2 (N = 4); Megatron-SP with
+// tp = N.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
@@ -23,7 +24,10 @@ TEST_CASE("sequence parallel GPTs over MPI match the serial GPT step by step",
   const run_result serial = serial_run();
   quintet::mpi_comm world(MPI_COMM_WORLD);
   INFO("rank " << world.rank() << " of " << world.size());
-  const quintet::mesh_degrees tp_by_sp{.tp = 2, .sp = world.size() / 2};
+  // -np 2: sp = 2 alone; -np 4: tp x sp = 2 x 2.
+  const quintet::mesh_degrees tp_by_sp =
+      world.size() == 2 ? quintet::mesh_degrees{.sp = 2} : quintet::mesh_degrees{.tp = 2, .sp = 2};
+  REQUIRE(tp_by_sp.tp * tp_by_sp.sp == world.size());
   {
     INFO("ring");
     require_matches_serial(serial, parallel_rank<ring_plan>(world, tp_by_sp));

@@ -136,8 +136,9 @@ void ring_visible_pairs(const zigzag_split& split, int rank, int source, Fn&& fn
 // is contiguous. Equals the serial attention_forward of the whole sequence on this rank's rows.
 //
 // Communication: (K, V) of a block packed into one contiguous buffer; sp - 1 passes, each one
-// send of 2 b 2c w elements to rank r + 1 and one receive from rank r - 1, double-buffered (the
-// pass is posted before the block in hand is computed, so an asynchronous backend overlaps them).
+// send of 2 b 2c w elements to rank r + 1 and one receive from rank r - 1, double-buffered.
+// `exchange` blocks, so the pass and the block's attention do not overlap yet: the two buffers
+// are what a non-blocking exchange would need to overlap them. sp = 1 is the serial kernel.
 template <device_tag Device, communicator Comm, class Q, class K, class V, class Out, class Lse>
 void ring_attention_forward(const execution<Device>& exec, Comm& sp, const Q& q, const K& k,
                             const V& v, Out&& out, Lse&& lse, std::int64_t heads) {
@@ -155,6 +156,12 @@ void ring_attention_forward(const execution<Device>& exec, Comm& sp, const Q& q,
   for (const auto* other : {&kv, &vv}) check_same_shape(qv, *other, what);
   check_same_shape(qv, ov, what);
   kernels::require_shape(lv, shape{batch, heads, 2 * c}, what, "lse");
+  // One rank holds chunks 0 and 1 in order: the whole sequence, attended as the serial model does
+  // (bit for bit, as a plan of degree 1 must be).
+  if (ranks == 1) {
+    kernels::attention_forward(exec, qv, kv, vv, ov, lv, heads);
+    return;
+  }
 
   // Each local query chunk's running lse, contiguous as the kernels need; the (batch, c, width)
   // result over one more key chunk before it is merged.
@@ -181,9 +188,7 @@ void ring_attention_forward(const execution<Device>& exec, Comm& sp, const Q& q,
     });
   };
 
-  if (ranks == 1) {
-    attend(rank, kv, vv);
-  } else {
+  {
     const shape packed{2, batch, 2 * c, qv.shape()[2]};
     std::array<quintet::tensor<T, Device>, 2> buffers{quintet::tensor<T, Device>(packed),
                                                       quintet::tensor<T, Device>(packed)};
@@ -239,6 +244,10 @@ void ring_attention_backward(const execution<Device>& exec, Comm& sp, const Q& q
   check_same_shape(qv, dkv, what);
   check_same_shape(qv, dvv, what);
   kernels::require_shape(lv, shape{batch, heads, 2 * c}, what, "lse");
+  if (ranks == 1) {  // the whole sequence in order, as in the forward
+    kernels::attention_backward(exec, qv, kv, vv, ov, lv, dov, dqv, dkv, dvv, heads);
+    return;
+  }
 
   // The final lse and delta of each local query chunk, contiguous.
   std::array<quintet::tensor<acc, Device>, 2> chunk_lse{
@@ -265,12 +274,6 @@ void ring_attention_backward(const execution<Device>& exec, Comm& sp, const Q& q
     });
   };
 
-  if (ranks == 1) {
-    quintet::fill(dkv, T(0));
-    quintet::fill(dvv, T(0));
-    attend(rank, kv, vv, dkv, dvv);
-    return;
-  }
   // Packed block: parts K, V, dK, dV; the trailing (dK, dV) half is contiguous on its own.
   const shape packed{4, batch, 2 * c, width};
   std::array<quintet::tensor<T, Device>, 2> buffers{quintet::tensor<T, Device>(packed),
