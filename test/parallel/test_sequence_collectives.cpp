@@ -16,7 +16,7 @@ namespace par = quintet::parallel;
 
 namespace {
 
-// A (batch, seq, groups, width) tensor whose every element names its coordinates.
+// A tensor whose every element is distinct (its index + 0.5).
 quintet::tensor<float, host> numbered(const shape& extents) {
   quintet::tensor<float, host> t(extents);
   for (std::int64_t i = 0; i < t.numel(); ++i) t.data()[i] = static_cast<float>(i) + 0.5f;
@@ -78,14 +78,25 @@ TEST_CASE("gather_sequence and reduce_scatter_sequence move sequence blocks", "[
 TEST_CASE("sequence_to_heads trades sequence blocks for head shards and back", "[sequence]") {
   for (const int n : {1, 2, 4}) {
     INFO("ranks " << n);
-    const auto global = numbered(shape{2, 8, 3, 8});  // (b, s, groups q k v, width)
+    const auto global = numbered(shape{2, 8, 3 * 8});  // (b, s, [q | k | v] of width 8)
     quintet::thread_world{n}.run([&](quintet::thread_comm& group) {
       const int r = group.rank();
       const auto rows = quintet::chunk(global, 1, n, r);
-      const auto heads = par::sequence_to_heads(group, rows);
+      const auto heads = par::sequence_to_heads(group, rows, 3);
       // Every row, this rank's columns of each group.
-      require_equal(heads.view(), quintet::chunk(global, 3, n, r));
-      require_equal(par::heads_to_sequence(group, heads.view()).view(), rows);
+      REQUIRE(heads.shape() == shape{2, 8, 3 * 8 / n});
+      for (int g = 0; g < 3; ++g)
+        require_equal(quintet::chunk(heads, 2, 3, g),
+                      quintet::chunk(quintet::chunk(global, 2, 3, g), 2, n, r));
+      require_equal(par::heads_to_sequence(group, heads.view(), 3).view(), rows);
     });
   }
+}
+
+TEST_CASE("sequence_to_heads refuses columns that do not split", "[sequence]") {
+  quintet::thread_world{2}.run([&](quintet::thread_comm& group) {
+    const auto x = numbered(shape{1, 4, 9});
+    REQUIRE_THROWS_WITH(par::sequence_to_heads(group, x.view(), 3),
+                        Catch::Contains("9 columns do not split into 3 groups of 2 parts"));
+  });
 }

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -51,5 +52,9 @@ class device_mesh {
   mesh_coordinates coordinates_;
   std::vector<Comm> groups_;  // indexed by mesh_axis
 };
+
+// The communicator type of a device_mesh (what its axes are).
+template <class Mesh>
+using communicator_of = std::remove_reference_t<decltype(std::declval<Mesh&>().tp())>;
 
 }  // namespace quintet

@@ -21,7 +21,6 @@
 #include <quintet/parallel/projections.hpp>
 #include <quintet/parallel/sequence/ring_attention.hpp>
 #include <quintet/parallel/sequence/sequence_collectives.hpp>
-#include <quintet/tensor/reshape.hpp>
 #include <quintet/tensor/copy.hpp>
 #include <quintet/tensor/slice.hpp>
 #include <quintet/tensor/tensor.hpp>
@@ -51,7 +50,6 @@ class causal_self_attention {
         d_model_(d_model),
         heads_(checked_heads(name_, d_model, heads, projections::tp_size(mesh), mesh)),
         local_heads_(heads / projections::tp_size(mesh)),
-        local_width_(d_model / projections::tp_size(mesh)),
         qkv_(projections::make_column(registry, exec, mesh, name_ + ".qkv", d_model, 3 * d_model,
                                       {.init_stddev = init_stddev, .output_groups = 3})),
         proj_(projections::make_row(registry, exec, mesh, name_ + ".proj", d_model, d_model,
@@ -65,7 +63,7 @@ class causal_self_attention {
     QUINTET_CHECK(x.rank() == 3 && x.shape()[2] == d_model_,
                   "attention '{}': input has shape {}, expected (batch, seq, {})", name_, x.shape(),
                   d_model_);
-    quintet::tensor<T, Device> projected = qkv_.forward(ctx, x);  // (batch, seq, 3d / tp)
+    quintet::tensor<T, Device> projected = qkv_.forward(ctx, x);       // (batch, seq, 3d / tp)
     if constexpr (ulysses) projected = to_heads(projected.view(), 3);  // (batch, seq, 3d / tp sp)
     const std::int64_t batch = projected.shape()[0], seq = projected.shape()[1];
     const std::int64_t width = projected.shape()[2] / 3, heads = attended_heads();
@@ -74,8 +72,8 @@ class causal_self_attention {
     auto& out = ctx.template save<T>(name_ + ".attention_output", shape{batch, seq, width});
     auto& lse = ctx.template save<stat_type>(name_ + ".lse", shape{batch, heads, seq});
     if constexpr (ring) {
-      parallel::ring_attention_forward(exec_, mesh_->sp(), part(qkv, 0), part(qkv, 1),
-                                       part(qkv, 2), out, lse, heads);
+      parallel::ring_attention_forward(exec_, mesh_->sp(), part(qkv, 0), part(qkv, 1), part(qkv, 2),
+                                       out, lse, heads);
     } else {
       kernels::attention_forward(exec_, part(qkv, 0), part(qkv, 1), part(qkv, 2), out, lse, heads);
     }
@@ -94,8 +92,8 @@ class causal_self_attention {
     quintet::tensor<T, Device> dqkv(qkv.shape());  // (batch, seq, 3d / tp)
     if constexpr (ring) {
       parallel::ring_attention_backward(exec_, mesh_->sp(), part(qkv, 0), part(qkv, 1),
-                                        part(qkv, 2), out, lse, dout, part(dqkv, 0),
-                                        part(dqkv, 1), part(dqkv, 2), attended_heads());
+                                        part(qkv, 2), out, lse, dout, part(dqkv, 0), part(dqkv, 1),
+                                        part(dqkv, 2), attended_heads());
     } else {
       kernels::attention_backward(exec_, part(qkv, 0), part(qkv, 1), part(qkv, 2), out, lse, dout,
                                   part(dqkv, 0), part(dqkv, 1), part(dqkv, 2), attended_heads());
@@ -114,8 +112,8 @@ class causal_self_attention {
     QUINTET_CHECK(heads % tp == 0, "attention '{}': {} heads do not divide over tp = {}", name,
                   heads, tp);
     if constexpr (ulysses || ring) {
-      QUINTET_CHECK(mesh != nullptr, "attention '{}': a sequence-parallel plan needs the device mesh",
-                    name);
+      QUINTET_CHECK(mesh != nullptr,
+                    "attention '{}': a sequence-parallel plan needs the device mesh", name);
     }
     if constexpr (ulysses) {
       const int sp = mesh->sp().size();
@@ -135,26 +133,10 @@ class causal_self_attention {
 
   // Ulysses: (batch, seq / sp, groups * w) -> (batch, seq, groups * w / sp) and back.
   quintet::tensor<T, Device> to_heads(tensor_view<const T, Device> rows, std::int64_t groups) {
-    const shape& s = rows.shape();
-    quintet::tensor<T, Device> contiguous(s);
-    copy(contiguous, rows);
-    auto heads = parallel::sequence_to_heads(
-        mesh_->sp(), reshape(contiguous.view(), shape{s[0], s[1], groups, s[2] / groups}));
-    const shape& h = heads.shape();
-    quintet::tensor<T, Device> out(shape{h[0], h[1], h[2] * h[3]});
-    copy(out, reshape(heads.view(), out.shape()));
-    return out;
+    return parallel::sequence_to_heads(mesh_->sp(), rows, groups);
   }
   quintet::tensor<T, Device> to_sequence(tensor_view<const T, Device> heads, std::int64_t groups) {
-    const shape& s = heads.shape();
-    quintet::tensor<T, Device> contiguous(s);
-    copy(contiguous, heads);
-    auto rows = parallel::heads_to_sequence(
-        mesh_->sp(), reshape(contiguous.view(), shape{s[0], s[1], groups, s[2] / groups}));
-    const shape& r = rows.shape();
-    quintet::tensor<T, Device> out(shape{r[0], r[1], r[2] * r[3]});
-    copy(out, reshape(rows.view(), out.shape()));
-    return out;
+    return parallel::heads_to_sequence(mesh_->sp(), heads, groups);
   }
 
   // q (0), k (1) or v (2): a (batch, seq, d / tp) column slice of the fused (batch, seq, 3d / tp)
@@ -167,9 +149,9 @@ class causal_self_attention {
   std::string name_;
   Mesh* mesh_;
   std::int64_t d_model_, heads_;
-  std::int64_t local_heads_, local_width_;  // heads / tp and d_model / tp on this rank
-  typename projections::column qkv_;        // d -> 3d, as (3, d, d)
-  typename projections::row proj_;          // d -> d
+  std::int64_t local_heads_;          // heads / tp on this rank
+  typename projections::column qkv_;  // d -> 3d, as (3, d, d)
+  typename projections::row proj_;    // d -> d
 };
 
 }  // namespace quintet::nn

@@ -18,10 +18,10 @@
 #include <quintet/mesh/mesh_layout.hpp>
 #include <quintet/nn/context.hpp>
 #include <quintet/nn/parameter.hpp>
+#include <quintet/parallel/mappings.hpp>
+#include <quintet/parallel/no_mesh.hpp>
 #include <quintet/parallel/placement.hpp>
 #include <quintet/parallel/plan.hpp>
-#include <quintet/parallel/projections.hpp>
-#include <quintet/parallel/sequence/sequence_collectives.hpp>
 #include <quintet/parallel/sequence/sequence_layout.hpp>
 #include <quintet/parallel/tensor/vocab_shard.hpp>
 #include <quintet/tensor/copy.hpp>
@@ -31,15 +31,13 @@
 #include <cstdint>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 namespace quintet::nn {
 
 template <class T, class Device, class Plan = serial_plan, class Mesh = parallel::no_mesh>
 class embedding {
-  using projections = parallel::projections<T, Device, Plan, Mesh>;
   static constexpr bool vocab_parallel = parallel::uses_tensor_parallel<Plan>;
-  static constexpr bool sequence_on_tp =
-      std::is_same_v<parallel::linear_sequence_style<Plan>, parallel::megatron_sp>;
 
  public:
   embedding(parameter_registry<T, Device>& registry, const execution<Device>& exec,
@@ -48,13 +46,12 @@ class embedding {
       : exec_(exec),
         name_(std::move(name)),
         mesh_(mesh),
-        shard_(parallel::vocab_shard_of(vocab, projections::tp_size(mesh), tp_rank(mesh))),
+        shard_(parallel::vocab_shard_of(vocab, tp_size(mesh), tp_rank(mesh))),
         positions_(positions),
         d_model_(d_model),
-        tokens_(
-            registry.add(name_ + ".token_weight",
-                         shape{parallel::padded_vocab(vocab, projections::tp_size(mesh)), d_model},
-                         initializer::normal(init_stddev), token_placement())),
+        tokens_(registry.add(name_ + ".token_weight",
+                             shape{parallel::padded_vocab(vocab, tp_size(mesh)), d_model},
+                             initializer::normal(init_stddev), token_placement())),
         positions_table_(registry.add(name_ + ".position_weight", shape{positions, d_model},
                                       initializer::normal(init_stddev))) {}
   embedding(parameter_registry<T, Device>&, const execution<Device>&&, std::string, std::int64_t,
@@ -86,11 +83,7 @@ class embedding {
     copy(saved, tokens);
     quintet::tensor<T, Device> x(shape{tokens.shape()[0], tokens.shape()[1], d_model_});
     kernels::token_embedding_forward(exec_, saved, tokens_.value, x, shard_.begin);
-    if constexpr (sequence_on_tp) {
-      x = parallel::reduce_scatter_sequence(mesh_->tp(), x.view());
-    } else if constexpr (vocab_parallel) {
-      mesh_->tp().all_reduce(x, reduce_op::sum);
-    }
+    x = parallel::complete_partial_rows<Plan>(mesh_, std::move(x));
     for_each_run(x, activation, [&](auto rows, std::int64_t position) {
       kernels::add_position_embedding(exec_, positions_table_.value, rows, position);
     });
@@ -104,12 +97,9 @@ class embedding {
       kernels::position_embedding_backward(exec_, rows, positions_table_.grad, position);
     });
     const auto& tokens = ctx.template get<std::int32_t>(name_ + ".tokens");
-    if constexpr (sequence_on_tp) {
-      const quintet::tensor<T, Device> whole = parallel::gather_sequence(mesh_->tp(), dx);
-      kernels::token_embedding_backward(exec_, tokens, whole, tokens_.grad, shard_.begin);
-    } else {
-      kernels::token_embedding_backward(exec_, tokens, dx, tokens_.grad, shard_.begin);
-    }
+    parallel::with_whole_rows<Plan>(mesh_, dx, [&](tensor_view<const T, Device> rows) {
+      kernels::token_embedding_backward(exec_, tokens, rows, tokens_.grad, shard_.begin);
+    });
   }
 
   // (padded vocab / tp, d): this rank's rows of the token table.
@@ -118,13 +108,18 @@ class embedding {
   std::int64_t positions() const { return positions_; }
 
  private:
+  // The tp degree and this rank's coordinate, which pick its block of the vocabulary.
+  static int tp_size(Mesh* mesh) {
+    if constexpr (vocab_parallel) return required(mesh).tp().size();
+    return 1;
+  }
   static int tp_rank(Mesh* mesh) {
-    if constexpr (vocab_parallel) {
-      QUINTET_CHECK(mesh != nullptr, "embedding: a tensor-parallel plan needs the device mesh");
-      return mesh->tp().rank();
-    } else {
-      return 0;
-    }
+    if constexpr (vocab_parallel) return required(mesh).tp().rank();
+    return 0;
+  }
+  static Mesh& required(Mesh* mesh) {
+    QUINTET_CHECK(mesh != nullptr, "embedding: a tensor-parallel plan needs the device mesh");
+    return *mesh;
   }
   static parallel::placement token_placement() {
     if constexpr (vocab_parallel)

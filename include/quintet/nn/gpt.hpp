@@ -20,9 +20,10 @@
 #include <quintet/nn/linear.hpp>
 #include <quintet/nn/parameter.hpp>
 #include <quintet/nn/transformer_block.hpp>
+#include <quintet/parallel/mappings.hpp>
+#include <quintet/parallel/no_mesh.hpp>
 #include <quintet/parallel/plan.hpp>
 #include <quintet/parallel/projections.hpp>
-#include <quintet/parallel/sequence/sequence_collectives.hpp>
 #include <quintet/parallel/sequence/sequence_layout.hpp>
 #include <quintet/parallel/tensor/vocab_parallel_cross_entropy.hpp>
 #include <quintet/tensor/copy.hpp>
@@ -73,11 +74,8 @@ template <class T, class Device, class Plan = serial_plan, class Mesh = parallel
 class gpt {
   using stat_type = kernels::accumulator_t<T>;
   using projections = parallel::projections<T, Device, Plan, Mesh>;
-  using sequence_style = typename Plan::template style<parallel::strategy::sequence>;
   static constexpr bool vocab_parallel = parallel::uses_tensor_parallel<Plan>;
-  static constexpr bool sequence_on_tp = std::is_same_v<sequence_style, parallel::megatron_sp>;
-  static constexpr bool sequence_on_sp = std::is_same_v<sequence_style, parallel::ulysses> ||
-                                         std::is_same_v<sequence_style, parallel::ring>;
+  static constexpr bool sequence_on_sp = parallel::shards_sequence_on_sp<Plan>;
 
  public:
   gpt(parameter_registry<T, Device>& registry, const execution<Device>& exec,
@@ -148,7 +146,7 @@ class gpt {
       // keeps the sequence block and gathers it (again in backward), as column_linear does.
       auto& kept = ctx.template save<T>("lm_head.input", x.shape());
       copy(kept, x);
-      with_head_input(kept, [&](tensor_view<const T, Device> input) {
+      parallel::with_whole_rows<Plan>(mesh_, kept, [&](tensor_view<const T, Device> input) {
         kernels::matmul(exec_, input, embedding_.token_weight().value, logits,
                         {.transpose_b = true});
       });
@@ -163,8 +161,7 @@ class gpt {
     } else {
       loss = kernels::cross_entropy_forward(exec_, logits, my_targets, lse, ignore_index);
     }
-    if constexpr (sequence_on_sp) loss = sum_over_sp(loss);
-    return loss;
+    return parallel::sum_loss_over_sequence<Plan>(mesh_, loss);
   }
 
   // Accumulates the gradients of loss_scale * (the loss sum of the forward) into the parameters.
@@ -216,17 +213,6 @@ class gpt {
     return true;
   }
 
-  // f(the head's input over the rows the logits cover): the kept tensor, or under megatron_sp
-  // the sequence gathered from the kept blocks.
-  template <class F>
-  void with_head_input(const quintet::tensor<T, Device>& kept, F&& f) {
-    if constexpr (sequence_on_tp) {
-      f(parallel::gather_sequence(mesh_->tp(), kept.view()).view());
-    } else {
-      f(kept.view());
-    }
-  }
-
   // dlogits (batch, rows, vocab / tp) -> dx (batch, rows of the activations, d); accumulates the
   // token table's gradient from the head's use of it.
   quintet::tensor<T, Device> tied_head_backward(context<Device>& ctx,
@@ -234,36 +220,16 @@ class gpt {
     auto& table = embedding_.token_weight();
     const std::int64_t columns = embedding_.shard().columns;
     quintet::tensor<T, Device> dx;  // (batch, rows of the logits, d)
-    with_head_input(ctx.template get<T>("lm_head.input"), [&](tensor_view<const T, Device> input) {
-      const std::int64_t rows = input.numel() / config_.d_model;
-      kernels::matmul(exec_, reshape(dlogits, shape{rows, columns}),
-                      reshape(input, shape{rows, config_.d_model}), table.grad,
-                      {.transpose_a = true, .beta = 1.0});
-      dx = quintet::tensor<T, Device>(input.shape());
-    });
+    parallel::with_whole_rows<Plan>(
+        mesh_, ctx.template get<T>("lm_head.input"), [&](tensor_view<const T, Device> input) {
+          const std::int64_t rows = input.numel() / config_.d_model;
+          kernels::matmul(exec_, reshape(dlogits, shape{rows, columns}),
+                          reshape(input, shape{rows, config_.d_model}), table.grad,
+                          {.transpose_a = true, .beta = 1.0});
+          dx = quintet::tensor<T, Device>(input.shape());
+        });
     kernels::matmul(exec_, dlogits, table.value, dx);
-    if constexpr (sequence_on_tp) {
-      return parallel::reduce_scatter_sequence(mesh_->tp(), dx.view());
-    } else if constexpr (vocab_parallel) {
-      mesh_->tp().all_reduce(dx, reduce_op::sum);
-    }
-    return dx;
-  }
-
-  // The loss of every sp rank's rows: one all-reduce of (sum, count).
-  kernels::cross_entropy_result sum_over_sp(kernels::cross_entropy_result local) {
-    quintet::tensor<double, host> totals(shape{2});
-    totals(0) = local.loss_sum;
-    totals(1) = static_cast<double>(local.count);
-    if constexpr (std::is_same_v<Device, host>) {
-      mesh_->sp().all_reduce(totals, reduce_op::sum);
-    } else {
-      quintet::tensor<double, Device> on_device(shape{2});
-      copy(on_device, totals);
-      mesh_->sp().all_reduce(on_device, reduce_op::sum);
-      copy(totals, on_device);
-    }
-    return {.loss_sum = totals(0), .count = static_cast<std::int64_t>(totals(1))};
+    return parallel::complete_partial_rows<Plan>(mesh_, std::move(dx));
   }
 
   static std::pair<std::int32_t, std::int64_t> saved_ignore_index_and_seq(

@@ -6,6 +6,7 @@
 //                                 parallel::data<parallel::zero<1>>>;
 //   my_plan::has<strategy::tensor>                      -> true
 //   my_plan::style<strategy::sequence>                  -> parallel::none
+// and the queries layers make of a plan (uses_tensor_parallel<Plan>, shards_sequence_on_tp<Plan>).
 #pragma once
 
 #include <quintet/parallel/policies.hpp>
@@ -76,5 +77,25 @@ struct plan {
 
 // The plan of the serial model: no strategy is parallel.
 using serial_plan = plan<>;
+
+namespace parallel {
+
+// What layers ask of a plan.
+template <class Plan>
+inline constexpr bool uses_tensor_parallel = Plan::template has<strategy::tensor>;
+
+template <class Plan>
+using sequence_style_of = typename Plan::template style<strategy::sequence>;
+
+// megatron_sp: the sequence is sharded on the tp group, between the tensor-parallel linears.
+template <class Plan>
+inline constexpr bool shards_sequence_on_tp = std::is_same_v<sequence_style_of<Plan>, megatron_sp>;
+
+// ulysses, ring: the sequence is sharded on the sp axis, everywhere.
+template <class Plan>
+inline constexpr bool shards_sequence_on_sp = std::is_same_v<sequence_style_of<Plan>, ulysses> ||
+                                              std::is_same_v<sequence_style_of<Plan>, ring>;
+
+}  // namespace parallel
 
 }  // namespace quintet

@@ -6,8 +6,10 @@
 
 #include <quintet/core/error.hpp>
 #include <quintet/kernels/execution.hpp>
+#include <quintet/mesh/device_mesh.hpp>
 #include <quintet/nn/linear.hpp>
 #include <quintet/nn/parameter.hpp>
+#include <quintet/parallel/no_mesh.hpp>
 #include <quintet/parallel/plan.hpp>
 #include <quintet/parallel/tensor/column_linear.hpp>
 #include <quintet/parallel/tensor/row_linear.hpp>
@@ -19,26 +21,11 @@
 
 namespace quintet::parallel {
 
-// The mesh of a serial model: no communicators at all.
-struct no_mesh {
-  static constexpr int tp_size() { return 1; }
-};
-
-// The communicator type of a device_mesh.
-template <class Mesh>
-using comm_of = std::remove_reference_t<decltype(std::declval<Mesh&>().tp())>;
-
-template <class Plan>
-inline constexpr bool uses_tensor_parallel = Plan::template has<strategy::tensor>;
-
 // The sequence style the tensor-parallel linears take part in: megatron_sp shards the sequence on
 // the tp group, so the linears gather and scatter it; Ulysses and ring work on the sp axis and
 // leave the linears alone.
 template <class Plan>
-using linear_sequence_style =
-    std::conditional_t<std::is_same_v<typename Plan::template style<strategy::sequence>,
-                                      megatron_sp>,
-                       megatron_sp, none>;
+using linear_sequence_style = std::conditional_t<shards_sequence_on_tp<Plan>, megatron_sp, none>;
 
 template <class T, class Device, class Plan, class Mesh>
 struct projections {
@@ -61,8 +48,8 @@ struct projections {
 template <class T, class Device, class Plan, class Mesh>
 requires uses_tensor_parallel<Plan>
 struct projections<T, Device, Plan, Mesh> {
-  using column = column_linear<T, Device, comm_of<Mesh>, linear_sequence_style<Plan>>;
-  using row = row_linear<T, Device, comm_of<Mesh>, linear_sequence_style<Plan>>;
+  using column = column_linear<T, Device, communicator_of<Mesh>, linear_sequence_style<Plan>>;
+  using row = row_linear<T, Device, communicator_of<Mesh>, linear_sequence_style<Plan>>;
 
   static column make_column(nn::parameter_registry<T, Device>& registry,
                             const execution<Device>& exec, Mesh* mesh, const std::string& name,

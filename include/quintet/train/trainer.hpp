@@ -18,7 +18,7 @@
 #include <quintet/optim/gradient_norm.hpp>
 #include <quintet/optim/lr_schedule.hpp>
 #include <quintet/parallel/gradient_norm.hpp>
-#include <quintet/parallel/gradient_sync.hpp>
+#include <quintet/parallel/synchronize_gradients.hpp>
 #include <quintet/parallel/placement.hpp>
 #include <quintet/parallel/plan.hpp>
 #include <quintet/parallel/projections.hpp>

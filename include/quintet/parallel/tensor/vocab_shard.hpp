@@ -1,7 +1,7 @@
 // vocab_shard: which vocabulary ids a tensor-parallel rank holds (Megatron-LM's vocabulary-parallel
 // embedding and loss). The vocabulary is padded to a multiple of tp and split into equal blocks;
-// ids
-// >= vocab are padding, held but never real tokens (masked out of the softmax, zero gradient).
+// ids from vocab on are padding: held, but never real tokens (masked out of the softmax, zero
+// gradient).
 //
 //   vocab 5, tp 4 -> padded 8, 2 columns per rank:
 //     rank 0: ids [0, 2) valid 2     rank 2: ids [4, 6) valid 1 (id 5 is padding)

@@ -1,0 +1,76 @@
+// The communication at the two vocabulary-parallel ends of the model and at its loss, chosen by
+// the plan (Megatron-LM calls such functions mappings). Layers in nn/ call these instead of a
+// collective, so one layer source serves every plan:
+//
+//   complete_partial_rows   (b, s, h) partial sums of a vocabulary-parallel lookup or product:
+//                           none (no tp) | all-reduce over tp | reduce-scatter to this rank's
+//                           sequence block (megatron_sp)
+//   with_whole_rows         the (b, s, h) rows a vocabulary-parallel op reads: as kept, or under
+//                           megatron_sp gathered from the tp group's sequence blocks
+//   sum_loss_over_sequence  the loss of this rank's rows -> the micro-batch's: an all-reduce of
+//                           (sum, count) over sp under Ulysses and ring, else as is
+#pragma once
+
+#include <quintet/comm/communicator.hpp>
+#include <quintet/kernels/cross_entropy.hpp>
+#include <quintet/mesh/device_mesh.hpp>
+#include <quintet/parallel/plan.hpp>
+#include <quintet/parallel/sequence/sequence_collectives.hpp>
+#include <quintet/tensor/copy.hpp>
+#include <quintet/tensor/tensor.hpp>
+
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+
+namespace quintet::parallel {
+
+// partial (b, s, h) on each tp rank -> its sum (b, s, h), or under megatron_sp this rank's
+// sequence block of the sum (b, s / tp, h).
+template <class Plan, class Mesh, class T, class Device>
+quintet::tensor<T, Device> complete_partial_rows(Mesh* mesh, quintet::tensor<T, Device> partial) {
+  if constexpr (shards_sequence_on_tp<Plan>) {
+    return reduce_scatter_sequence(mesh->tp(), partial.view());
+  } else if constexpr (uses_tensor_parallel<Plan>) {
+    mesh->tp().all_reduce(partial, reduce_op::sum);
+    return partial;
+  } else {
+    return partial;
+  }
+}
+
+// f(rows (b, s, h)) with the rows a vocabulary-parallel op reads: `kept` itself, or under
+// megatron_sp the sequence gathered from the tp group's blocks (b, s / tp, h).
+template <class Plan, class Mesh, class View, class F>
+void with_whole_rows(Mesh* mesh, const View& kept, F&& f) {
+  if constexpr (shards_sequence_on_tp<Plan>) {
+    f(gather_sequence(mesh->tp(), view_of(kept)).view());
+  } else {
+    f(view_of(kept));
+  }
+}
+
+// The cross-entropy of this rank's rows -> that of the whole micro-batch (the same on every rank).
+template <class Plan, class Mesh>
+kernels::cross_entropy_result sum_loss_over_sequence(Mesh* mesh,
+                                                     kernels::cross_entropy_result local) {
+  if constexpr (shards_sequence_on_sp<Plan>) {
+    using Device = typename communicator_of<Mesh>::device_type;
+    quintet::tensor<double, host> totals(shape{2});
+    totals(0) = local.loss_sum;
+    totals(1) = static_cast<double>(local.count);
+    if constexpr (std::is_same_v<Device, host>) {
+      mesh->sp().all_reduce(totals, reduce_op::sum);
+    } else {
+      quintet::tensor<double, Device> on_device(shape{2});
+      copy(on_device, totals);
+      mesh->sp().all_reduce(on_device, reduce_op::sum);
+      copy(totals, on_device);
+    }
+    return {.loss_sum = totals(0), .count = static_cast<std::int64_t>(totals(1))};
+  } else {
+    return local;
+  }
+}
+
+}  // namespace quintet::parallel

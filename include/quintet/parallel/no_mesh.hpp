@@ -1,0 +1,11 @@
+// no_mesh: the mesh of the serial model, which has no communicators. Layers default their Mesh
+// parameter to it, so serial code never names a communicator type.
+#pragma once
+
+namespace quintet::parallel {
+
+struct no_mesh {
+  static constexpr int tp_size() { return 1; }
+};
+
+}  // namespace quintet::parallel
