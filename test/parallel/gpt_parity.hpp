@@ -11,9 +11,9 @@
 #include <quintet/optim/adamw.hpp>
 #include <quintet/optim/gradient_norm.hpp>
 #include <quintet/parallel/gradient_norm.hpp>
-#include <quintet/parallel/synchronize_gradients.hpp>
 #include <quintet/parallel/placement.hpp>
 #include <quintet/parallel/plan.hpp>
+#include <quintet/parallel/synchronize_gradients.hpp>
 #include <quintet/tensor/copy.hpp>
 #include <quintet/tensor/slice.hpp>
 
@@ -42,6 +42,13 @@ inline const quintet::nn::gpt_config config{
 inline const quintet::markov_source source({.vocab = 10, .order = 1, .successors = 3, .seed = 21});
 inline const quintet::kernels::adamw_hyperparameters adamw_settings{.lr = lr, .weight_decay = 0.1};
 
+// What a parity run trains: the model, and whether some targets are padding (ignore_index), so
+// some rows, and under sequence parallelism some ranks' rows, count nothing.
+struct parity_setup {
+  quintet::nn::gpt_config model = config;
+  bool ignore_some_targets = false;
+};
+
 struct run_result {
   std::vector<double> losses;
   std::map<std::string, quintet::tensor<float, host>> parameters;  // this rank's parts
@@ -53,8 +60,15 @@ struct run_result {
 template <class Model, class Synchronize, class Norm>
 double train_step(Model& model, quintet::nn::parameter_registry<float, host>& registry,
                   quintet::optim::adamw<float, host>& optimizer, int step,
-                  Synchronize&& synchronize, Norm&& norm) {
-  const auto batch = source.batch(step, {0, 4}, 8);
+                  Synchronize&& synchronize, Norm&& norm, const parity_setup& setup = {}) {
+  auto batch = source.batch(step, {0, 4}, 8);
+  if (setup.ignore_some_targets) {
+    // Sequence 0 is all padding after position 1; elsewhere every fifth target.
+    for (std::int64_t b = 0; b < 4; ++b)
+      for (std::int64_t t = 0; t < 8; ++t)
+        if ((b == 0 && t > 1) || (b * 8 + t) % 5 == 0)
+          batch.targets(b, t) = quintet::kernels::no_target;
+  }
   registry.zero_grad();
   quintet::nn::context<host> ctx;
   const auto loss = model.forward(ctx, batch.inputs.view(), batch.targets.view());
@@ -74,35 +88,36 @@ inline void keep_parameters(quintet::nn::parameter_registry<float, host>& regist
   }
 }
 
-inline run_result serial_run() {
+inline run_result serial_run(const parity_setup& setup = {}) {
   const quintet::execution<host> exec;
   quintet::nn::parameter_registry<float, host> registry(seed);
-  quintet::nn::gpt<float, host> model(registry, exec, config);
+  quintet::nn::gpt<float, host> model(registry, exec, setup.model);
   quintet::optim::adamw<float, host> optimizer(registry, exec, adamw_settings);
   run_result out;
   for (int s = 0; s < steps; ++s)
     out.losses.push_back(train_step(
         model, registry, optimizer, s, [] {},
-        [&] { return quintet::optim::global_gradient_norm(exec, registry); }));
+        [&] { return quintet::optim::global_gradient_norm(exec, registry); }, setup));
   keep_parameters(registry, out);
   return out;
 }
 
 // This rank's part of a run of `Plan` over `world` cut into `degrees`.
 template <class Plan, class Comm>
-run_result parallel_rank(Comm& world, quintet::mesh_degrees degrees) {
+run_result parallel_rank(Comm& world, quintet::mesh_degrees degrees,
+                         const parity_setup& setup = {}) {
   using mesh_type = quintet::device_mesh<Comm>;
   const quintet::execution<host> exec;
   mesh_type mesh(world, degrees);
   quintet::nn::parameter_registry<float, host> registry(
       seed, par::position_in(mesh.layout(), world.rank()));
-  quintet::nn::gpt<float, host, Plan, mesh_type> model(registry, exec, config, &mesh);
+  quintet::nn::gpt<float, host, Plan, mesh_type> model(registry, exec, setup.model, &mesh);
   quintet::optim::adamw<float, host> optimizer(registry, exec, adamw_settings);
   run_result out;
   for (int s = 0; s < steps; ++s)
     out.losses.push_back(train_step(
         model, registry, optimizer, s, [&] { par::synchronize_gradients<Plan>(registry, mesh); },
-        [&] { return par::global_gradient_norm(exec, registry, mesh); }));
+        [&] { return par::global_gradient_norm(exec, registry, mesh); }, setup));
   keep_parameters(registry, out);
   return out;
 }
