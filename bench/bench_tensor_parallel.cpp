@@ -1,6 +1,7 @@
-// Step time of the GPT serially and under tensor parallelism (tp = 2 thread ranks, one core
-// each), with the communication share of the tensor-parallel step: the all-reduces a step makes
-// (counted by counting_comm) replayed alone on the same ranks in the same run.
+// Step time of the GPT serially and under tensor and sequence parallelism on 2 thread ranks (one
+// core each), with the communication share of each parallel step: the collectives a step makes
+// (counted by counting_comm per axis and operation) replayed alone, at their mean size, on the
+// same ranks in the same run.
 #include <benchmark/benchmark.h>
 
 #include <quintet/comm/counting_comm.hpp>
@@ -12,12 +13,18 @@
 
 #include <chrono>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace {
 
 using quintet::host;
 namespace par = quintet::parallel;
 using tp_plan = quintet::plan<par::tensor<par::megatron_1d>>;
+using megatron_sp_plan =
+    quintet::plan<par::tensor<par::megatron_1d>, par::sequence<par::megatron_sp>>;
+using ulysses_plan = quintet::plan<par::sequence<par::ulysses>>;
+using ring_plan = quintet::plan<par::sequence<par::ring>>;
 using counted_comm = quintet::counting_comm<quintet::thread_comm>;
 using mesh_type = quintet::device_mesh<counted_comm>;
 
@@ -49,37 +56,78 @@ void serial_step(benchmark::State& state) {
                          benchmark::Counter::kIsIterationInvariantRate);
 }
 
-void tensor_parallel_step(benchmark::State& state) {
-  constexpr int tp = 2;
+// Replays `calls` collectives of kind `op` and `bytes` (as counting_comm counts them) on `group`.
+void replay(quintet::thread_comm& group, quintet::comm_operation op, std::int64_t calls,
+            std::int64_t bytes) {
+  using quintet::comm_operation;
+  const std::int64_t n = group.size(), elements = bytes / 4;
+  quintet::tensor<float, host> in(quintet::shape{elements}), out(quintet::shape{elements});
+  quintet::fill(in, 1.0f);
+  for (std::int64_t i = 0; i < calls; ++i) switch (op) {
+      case comm_operation::all_reduce:
+        group.all_reduce(in);
+        break;
+      case comm_operation::all_gather:
+        group.all_gather(quintet::slice(in, 0, 0, elements / n), out);
+        break;
+      case comm_operation::reduce_scatter:
+        group.reduce_scatter(in, quintet::slice(out, 0, 0, elements / n));
+        break;
+      case comm_operation::all_to_all:
+        group.all_to_all(in, out);
+        break;
+      case comm_operation::send: {  // a ring pass: send to the next rank, receive from the last
+        const int next = static_cast<int>((group.rank() + 1) % n);
+        const int last = static_cast<int>((group.rank() + n - 1) % n);
+        const quintet::p2p_op pass[] = {quintet::p2p_op::send(in, next),
+                                        quintet::p2p_op::recv(out, last)};
+        group.exchange(pass);
+        break;
+      }
+      default:
+        break;  // receives are replayed with their sends
+    }
+}
+
+// One parallel plan on 2 thread ranks: step time, and the step's collectives replayed alone.
+template <class Plan>
+void parallel_step(benchmark::State& state, quintet::mesh_degrees degrees) {
+  const int ranks = degrees.tp * degrees.sp;
   const std::int64_t iterations = state.max_iterations;
   double step_seconds = 0, comm_seconds = 0;
   std::int64_t calls_per_step = 0, bytes_per_step = 0;
-  quintet::thread_world{tp}.run([&](quintet::thread_comm& world) {
+  quintet::thread_world{ranks}.run([&](quintet::thread_comm& world) {
     const quintet::execution<host> exec(1);
     counted_comm counted(world.split(0, world.rank()));
-    mesh_type mesh(counted, {.tp = tp});
-    quintet::train::trainer<float, quintet::markov_source, tp_plan, mesh_type> trainer(
+    mesh_type mesh(counted, degrees);
+    quintet::train::trainer<float, quintet::markov_source, Plan, mesh_type> trainer(
         source, model_of(state), options, exec, &mesh);
     trainer.train_step();  // warm-up
     counted.ledger().clear();
-    mesh.tp().barrier();
+    counted.inner().barrier();
     const auto start = std::chrono::steady_clock::now();
     for (std::int64_t i = 0; i < iterations; ++i) trainer.train_step();
     const double seconds = seconds_since(start);
-    // Replay the step's all-reduces alone: the same count and mean size, on the same ranks.
-    const auto tally = counted.ledger().tally("tp", quintet::comm_operation::all_reduce);
-    const std::int64_t calls = tally.calls / iterations;
-    quintet::tensor<float, host> buffer(quintet::shape{tally.bytes / tally.calls / 4});
-    quintet::fill(buffer, 1.0f);
-    mesh.tp().barrier();
+    const auto tallies = counted.ledger().tallies();
+    std::int64_t calls = 0, bytes = 0;
+    counted.inner().barrier();
     const auto replay_start = std::chrono::steady_clock::now();
-    for (std::int64_t i = 0; i < iterations * calls; ++i) mesh.tp().inner().all_reduce(buffer);
-    const double replay = seconds_since(replay_start);
+    for (const auto& [key, tally] : tallies) {
+      const auto& [axis, op] = key;
+      auto& group = mesh.axis(axis == "tp" ? quintet::mesh_axis::tp : quintet::mesh_axis::sp);
+      replay(group.inner(), op, tally.calls, tally.bytes / tally.calls);
+      if (op != quintet::comm_operation::recv) {
+        calls += tally.calls;
+        bytes += tally.bytes;
+      }
+    }
+    counted.inner().barrier();
+    const double replayed = seconds_since(replay_start);
     if (world.rank() == 0) {
       step_seconds = seconds;
-      comm_seconds = replay;
-      calls_per_step = calls;
-      bytes_per_step = tally.bytes / iterations;
+      comm_seconds = replayed;
+      calls_per_step = calls / iterations;
+      bytes_per_step = bytes / iterations;
     }
   });
   for (auto _ : state) state.SetIterationTime(step_seconds / static_cast<double>(iterations));
@@ -87,9 +135,16 @@ void tensor_parallel_step(benchmark::State& state) {
       benchmark::Counter(static_cast<double>(options.batch * options.seq),
                          benchmark::Counter::kIsIterationInvariantRate);
   state.counters["comm_share"] = comm_seconds / step_seconds;
-  state.counters["all_reduces_per_step"] = static_cast<double>(calls_per_step);
-  state.counters["all_reduce_bytes_per_step"] = static_cast<double>(bytes_per_step);
+  state.counters["collectives_per_step"] = static_cast<double>(calls_per_step);
+  state.counters["comm_bytes_per_step"] = static_cast<double>(bytes_per_step);
 }
+
+void tensor_parallel_step(benchmark::State& state) { parallel_step<tp_plan>(state, {.tp = 2}); }
+void megatron_sp_step(benchmark::State& state) {
+  parallel_step<megatron_sp_plan>(state, {.tp = 2});
+}
+void ulysses_step(benchmark::State& state) { parallel_step<ulysses_plan>(state, {.sp = 2}); }
+void ring_step(benchmark::State& state) { parallel_step<ring_plan>(state, {.sp = 2}); }
 
 }  // namespace
 
@@ -107,4 +162,18 @@ BENCHMARK(tensor_parallel_step)
     ->Iterations(10)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
+BENCHMARK(megatron_sp_step)
+    ->ArgName("d_model")
+    ->Arg(256)
+    ->Iterations(10)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(ulysses_step)
+    ->ArgName("d_model")
+    ->Arg(256)
+    ->Iterations(10)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(ring_step)->ArgName("d_model")->Arg(256)->Iterations(10)->UseManualTime()->Unit(
+    benchmark::kMillisecond);
 BENCHMARK_MAIN();
