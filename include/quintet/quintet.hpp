@@ -1,5 +1,7 @@
 // The umbrella header: every host-side part of quintet, plus the CUDA memory runtime when the
 // target was built with QUINTET_WITH_CUDA. CUDA kernels (.cuh) are included explicitly by nvcc code.
+// It is convenient, not cheap to compile: a translation unit that needs one part includes that
+// part's header.
 #pragma once
 
 #include <quintet/core/bf16.hpp>
@@ -33,3 +35,26 @@
 #if defined(QUINTET_WITH_MPI)
 #include <quintet/comm/mpi_comm.hpp>
 #endif
+
+// Token sources, layers and the GPT, the plans and their building blocks, optimizers, the trainer.
+#include <quintet/data/any_token_source.hpp>
+#include <quintet/data/byte_corpus.hpp>
+#include <quintet/data/markov_source.hpp>
+#include <quintet/nn/gpt.hpp>
+#include <quintet/optim/adamw.hpp>
+#include <quintet/optim/gradient_norm.hpp>
+#include <quintet/optim/lr_schedule.hpp>
+#include <quintet/optim/sgd.hpp>
+#include <quintet/parallel/gradient_norm.hpp>
+#include <quintet/parallel/mappings.hpp>
+#include <quintet/parallel/placement.hpp>
+#include <quintet/parallel/plan.hpp>
+#include <quintet/parallel/projections.hpp>
+#include <quintet/parallel/sequence/ring_attention.hpp>
+#include <quintet/parallel/sequence/sequence_collectives.hpp>
+#include <quintet/parallel/sequence/sequence_layout.hpp>
+#include <quintet/parallel/synchronize_gradients.hpp>
+#include <quintet/parallel/tensor/column_linear.hpp>
+#include <quintet/parallel/tensor/row_linear.hpp>
+#include <quintet/parallel/tensor/vocab_parallel_cross_entropy.hpp>
+#include <quintet/train/trainer.hpp>
