@@ -70,8 +70,9 @@ TEST_CASE("reshape keeps the elements and rejects a different count", "[tensor]"
   for (int i = 0; i < 12; ++i) t.data()[i] = i;
   const auto r = quintet::reshape(t, shape{3, 2, 2});
   CHECK(r(2, 1, 0) == 10);
-  REQUIRE_THROWS_WITH(quintet::reshape(t, shape{5, 2}),
-                      Catch::Contains("cannot reshape (2, 6) (12 elements) to (5, 2) (10 elements)"));
+  REQUIRE_THROWS_WITH(
+      quintet::reshape(t, shape{5, 2}),
+      Catch::Contains("cannot reshape (2, 6) (12 elements) to (5, 2) (10 elements)"));
 }
 
 TEST_CASE("a failed allocation raises quintet::error naming the size", "[tensor]") {
@@ -103,4 +104,43 @@ TEST_CASE("operations on tensors of different devices are rejected naming both",
                       Catch::Contains("add mixes devices: cuda:0 and cuda:1"));
   REQUIRE_THROWS_WITH(quintet::check_same_device(on_host, on_gpu1, "matmul"),
                       Catch::Contains("matmul mixes devices: host:0 and cuda:1"));
+}
+
+TEST_CASE("host blocks are reused by size class, within a bounded cache", "[tensor][cache]") {
+  using cache_type = quintet::detail::host_block_cache;
+  // Size classes: 64-byte steps to 256, then 5/8 .. 8/8 of the next power of two.
+  CHECK(cache_type::capacity_of(1) == 64);
+  CHECK(cache_type::capacity_of(200) == 256);
+  CHECK(cache_type::capacity_of(257) == 320);
+  CHECK(cache_type::capacity_of(512) == 512);
+  CHECK(cache_type::capacity_of(513) == 640);
+  CHECK(cache_type::capacity_of(3'000'000) == 3'145'728);  // 6/8 of 4 MiB
+  for (std::size_t bytes = 1; bytes < 100'000; bytes = bytes * 3 + 1) {
+    INFO(bytes);
+    CHECK(cache_type::capacity_of(bytes) >= bytes);
+    CHECK(cache_type::capacity_of(bytes) < bytes + bytes / 4 + 64);
+  }
+
+  cache_type cache;
+  void* first = cache.allocate(1000);
+  CHECK(reinterpret_cast<std::uintptr_t>(first) % 64 == 0);
+  cache.deallocate(first, 1000);
+  CHECK(cache.cached_bytes() == cache_type::capacity_of(1000));
+  CHECK(cache.allocate(1020) == first);  // the same class (1024) takes the cached block
+  CHECK(cache.cached_bytes() == 0);
+  void* other = cache.allocate(1000);
+  CHECK(other != first);
+  cache.deallocate(first, 1020);
+  cache.deallocate(other, 1000);
+  cache.trim();
+  CHECK(cache.cached_bytes() == 0);
+
+  // Tensors freed and made again on one thread reuse the block.
+  const void* data = nullptr;
+  {
+    quintet::tensor<float, host> t(shape{1000});
+    data = t.data();
+  }
+  quintet::tensor<float, host> again(shape{1000});
+  CHECK(static_cast<const void*>(again.data()) == data);
 }

@@ -4,6 +4,7 @@
 
 #include <quintet/core/error.hpp>
 #include <quintet/tensor/device.hpp>
+#include <quintet/tensor/host_block_cache.hpp>
 
 #include <cstddef>
 #include <cstring>
@@ -25,20 +26,30 @@ struct device_memory {
                 "<quintet/tensor/cuda_memory.hpp> and build with QUINTET_WITH_CUDA");
 };
 
-// Host memory is 64-byte aligned: one cache line, and the width of an AVX-512 register.
+// Host memory is 64-byte aligned (one cache line, the width of an AVX-512 register) and comes
+// from this thread's cache of freed blocks (host_block_cache.hpp).
 template <>
 struct device_memory<host> {
-  static constexpr std::size_t alignment = 64;
+  static constexpr std::size_t alignment = detail::host_block_cache::alignment;
 
   static void* allocate(std::size_t bytes, host_stream = {}) {
     if (bytes == 0) return nullptr;
-    void* pointer = ::operator new(bytes, std::align_val_t{alignment}, std::nothrow);
+    if (auto* cache = detail::this_thread_host_block_cache()) return cache->allocate(bytes);
+    // Blocks are always of their size class: another thread's cache may keep this one.
+    void* pointer = ::operator new (detail::host_block_cache::capacity_of(bytes),
+                                    std::align_val_t{alignment}, std::nothrow);
     QUINTET_CHECK(pointer != nullptr, "host allocation of {} bytes failed (out of memory)", bytes);
     return pointer;
   }
 
-  static void deallocate(void* pointer, std::size_t /*bytes*/, host_stream = {}) noexcept {
-    if (pointer != nullptr) ::operator delete(pointer, std::align_val_t{alignment});
+  // `bytes` as given to allocate().
+  static void deallocate(void* pointer, std::size_t bytes, host_stream = {}) noexcept {
+    if (pointer == nullptr) return;
+    if (auto* cache = detail::this_thread_host_block_cache()) {
+      cache->deallocate(pointer, bytes);
+    } else {
+      ::operator delete (pointer, std::align_val_t{alignment});
+    }
   }
 
   static int current_device() { return 0; }
