@@ -121,8 +121,8 @@ TEST_CASE("bad training configurations are rejected naming the values", "[train]
 
 namespace {
 
-// A source whose last target of every row is padding: the trainer must refuse it, not average
-// over the wrong count.
+// A source whose rows end in 0, 1 or 2 padding targets (row r: r % 3 of them), so micro-batches of
+// one step hold different numbers of targets that count.
 struct padded_source {
   quintet::markov_source inner{{.vocab = 8, .order = 1, .successors = 2, .seed = 1}};
   std::int64_t vocab_size() const { return inner.vocab_size(); }
@@ -130,20 +130,36 @@ struct padded_source {
   quintet::token_batch batch(std::int64_t step, quintet::row_range rows, std::int64_t seq) const {
     quintet::token_batch b = inner.batch(step, rows, seq);
     for (std::int64_t r = 0; r < rows.size(); ++r)
-      b.targets(r, seq - 1) = quintet::kernels::no_target;
+      for (std::int64_t t = seq - (rows.begin + r) % 3; t < seq; ++t)
+        b.targets(r, t) = quintet::kernels::no_target;
     return b;
   }
 };
 
 }  // namespace
 
-TEST_CASE("a batch with padding targets is refused naming the step", "[train]") {
+TEST_CASE("padding targets: the step's mean runs over the targets that count", "[train]") {
   const padded_source source;
-  trainer<float, padded_source> run(source, tiny_model,
-                                    {.steps = 2, .batch = 2, .seq = 4, .warmup_steps = 0}, exec);
-  REQUIRE_THROWS_WITH(
-      run.train_step(),
-      Catch::Contains("step 0 has 2 padding targets, which the trainer does not support"));
+  const training_options one{.steps = 3, .batch = 6, .seq = 4, .warmup_steps = 0};
+  training_options three = one;
+  three.micro_batches = 3;  // rows 0-1, 2-3, 4-5: 7, 6 and 5 targets that count
+  trainer<float, padded_source> whole(source, tiny_model, one, exec);
+  trainer<float, padded_source> split(source, tiny_model, three, exec);
+
+  // Step 0's loss is the mean over the counted targets of the whole batch.
+  quintet::nn::parameter_registry<float, host> registry(one.seed);
+  quintet::nn::gpt<float, host> model(registry, exec, tiny_model);
+  const auto batch = source.batch(0, {0, 6}, 4);
+  quintet::nn::context<host> ctx;
+  const auto expected = model.forward(ctx, batch.inputs.view(), batch.targets.view());
+  REQUIRE(expected.count == 24 - (0 + 1 + 2 + 0 + 1 + 2));
+  REQUIRE(whole.train_step().loss == Approx(expected.mean()).epsilon(1e-12));
+  CHECK(split.train_step().loss == Approx(expected.mean()).epsilon(1e-6));
+  // Scaling each micro-batch by its own count would weight them unequally and part the runs.
+  for (int step = 1; step < 3; ++step) {
+    INFO("step " << step);
+    CHECK(split.train_step().loss == Approx(whole.train_step().loss).epsilon(1e-5));
+  }
 }
 
 namespace {

@@ -18,10 +18,10 @@
 #include <quintet/optim/gradient_norm.hpp>
 #include <quintet/optim/lr_schedule.hpp>
 #include <quintet/parallel/gradient_norm.hpp>
-#include <quintet/parallel/synchronize_gradients.hpp>
 #include <quintet/parallel/placement.hpp>
 #include <quintet/parallel/plan.hpp>
 #include <quintet/parallel/projections.hpp>
+#include <quintet/parallel/synchronize_gradients.hpp>
 
 #include <chrono>
 #include <cmath>
@@ -110,27 +110,27 @@ class trainer {
     const std::int64_t step = next_step_;
     std::vector<token_batch> micro;
     micro.reserve(static_cast<std::size_t>(options_.micro_batches));
-    std::int64_t tokens = 0;
+    std::int64_t tokens = 0, counted = 0;
     for (std::int64_t i = 0; i < options_.micro_batches; ++i) {
       micro.push_back(source_.batch(
           step, split_rows({0, options_.batch}, options_.micro_batches, i), options_.seq));
       tokens += micro.back().targets.numel();
+      counted += counted_targets(micro.back());
     }
-    // Every micro-batch's backward takes d(mean)/d(its loss sum) = 1 / (targets in the batch), so
-    // the accumulated gradient is that of the global mean, however the batch is split.
+    QUINTET_CHECK(counted > 0, "training: every target of step {} is padding", step);
+    // Every micro-batch's backward takes d(mean)/d(its loss sum) = 1 / (targets that count in the
+    // whole batch), so the accumulated gradient is that of the global mean, however the batch is
+    // split and wherever its padding falls. Every rank holds the whole batch, so every rank knows
+    // the count before the first backward.
     registry_.zero_grad();
     double loss_sum = 0.0;
     for (auto& batch : micro) {
       nn::context<host> ctx;
       const auto result = model_.forward(ctx, batch.inputs.view(), batch.targets.view());
-      // The scale below assumes every target counts; padded batches would need their count first.
-      QUINTET_CHECK(result.count == batch.targets.numel(),
-                    "training: step {} has {} padding targets, which the trainer does not support",
-                    step, batch.targets.numel() - result.count);
       loss_sum += result.loss_sum;
-      model_.backward(ctx, 1.0 / static_cast<double>(tokens));
+      model_.backward(ctx, 1.0 / static_cast<double>(counted));
     }
-    const double loss = loss_sum / static_cast<double>(tokens);
+    const double loss = loss_sum / static_cast<double>(counted);
     QUINTET_CHECK(std::isfinite(loss), "training stopped at step {}: the loss is {}", step, loss);
     double norm = 0.0;
     if constexpr (serial) {
@@ -154,6 +154,14 @@ class trainer {
   const training_options& options() const { return options_; }
 
  private:
+  static std::int64_t counted_targets(const token_batch& batch) {
+    std::int64_t n = 0;
+    const std::int32_t* targets = batch.targets.data();
+    for (std::int64_t i = 0; i < batch.targets.numel(); ++i)
+      n += targets[i] != kernels::no_target ? 1 : 0;
+    return n;
+  }
+
   static Mesh* checked_mesh(Mesh* mesh) {
     if constexpr (!serial) {
       using sequence_style = typename Plan::template style<parallel::strategy::sequence>;
