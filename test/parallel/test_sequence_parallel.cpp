@@ -302,3 +302,31 @@ TEST_CASE("sequence parallel plans refuse what does not divide", "[parity][seque
                         Catch::Contains("megatron_sp shards the sequence on tp and needs sp = 1"));
   }
 }
+
+TEST_CASE("ranks given different micro-batches are refused on every rank", "[parity][sequence]") {
+  using mesh_type = quintet::device_mesh<quintet::thread_comm>;
+  const auto run = [](auto plan_tag, quintet::mesh_degrees degrees) {
+    using Plan = decltype(plan_tag);
+    std::vector<int> refused(degrees.tp * degrees.sp, 0);
+    quintet::thread_world{degrees.tp * degrees.sp}.run([&](quintet::thread_comm& world) {
+      const quintet::execution<host> exec;
+      mesh_type mesh(world, degrees);
+      quintet::nn::parameter_registry<float, host> registry(
+          seed, par::position_in(mesh.layout(), world.rank()));
+      quintet::nn::gpt<float, host, Plan, mesh_type> model(registry, exec, config, &mesh);
+      // Each rank reads its own rows, as a loader for other libraries' sequence parallelism would.
+      const auto batch = source.batch(world.rank(), {0, 4}, 8);
+      quintet::nn::context<host> ctx;
+      try {
+        model.forward(ctx, batch.inputs.view(), batch.targets.view());
+      } catch (const quintet::error& e) {
+        refused[world.rank()] =
+            std::string(e.what()).find("were given different micro-batches") != std::string::npos;
+      }
+    });
+    return refused;
+  };
+  CHECK(run(ring_plan{}, {.sp = 2}) == std::vector<int>{1, 1});
+  CHECK(run(tp_plan{}, {.tp = 2}) == std::vector<int>{1, 1});
+  CHECK(run(ulysses_plan{}, {.tp = 2, .sp = 2}) == std::vector<int>{1, 1, 1, 1});
+}

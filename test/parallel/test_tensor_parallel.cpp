@@ -87,18 +87,19 @@ TEST_CASE("tensor parallelism moves 2 all-reduces of b*s*h forward and 2 backwar
   for (int r = 0; r < tp; ++r) {
     INFO("rank " << r);
     for (tally_map rank_measure::*direction : {&rank_measure::forward, &rank_measure::backward}) {
-      const auto layer = layer_share(two[r].*direction, one[r].*direction, "tp",
-                                     comm_operation::all_reduce);
+      const auto layer =
+          layer_share(two[r].*direction, one[r].*direction, "tp", comm_operation::all_reduce);
       CHECK(layer.calls == 2);
       CHECK(layer.bytes == 2 * bsh_bytes);
       CHECK(layer.bus_bytes == Approx(2 * bsh_bytes * 2.0 * (tp - 1) / tp));
     }
-    // Outside the blocks: the vocabulary-parallel embedding sums its partial rows (b*s*h), the
-    // loss all-reduces the row maxima (rows fp32) and the (sum of exponentials, target logit)
-    // pairs (2 rows fp32); backward, the tied head sums its input gradient (b*s*h).
+    // Outside the blocks: the first forward checks that the ranks share the batch (2 int64), the
+    // vocabulary-parallel embedding sums its partial rows (b*s*h), the loss all-reduces the row
+    // maxima (rows fp32) and the (sum of exponentials, target logit) pairs (2 rows fp32);
+    // backward, the tied head sums its input gradient (b*s*h).
     const auto forward = one[r].forward.at({"tp", comm_operation::all_reduce});
-    CHECK(forward.calls == 2 + 1 + 2);
-    CHECK(forward.bytes == 2 * bsh_bytes + bsh_bytes + rows * 4 + 2 * rows * 4);
+    CHECK(forward.calls == 2 + 1 + 1 + 2);
+    CHECK(forward.bytes == 2 * bsh_bytes + 16 + bsh_bytes + rows * 4 + 2 * rows * 4);
     const auto backward = one[r].backward.at({"tp", comm_operation::all_reduce});
     CHECK(backward.calls == 2 + 1);
     CHECK(backward.bytes == 2 * bsh_bytes + bsh_bytes);

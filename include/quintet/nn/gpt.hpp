@@ -24,6 +24,7 @@
 #include <quintet/parallel/no_mesh.hpp>
 #include <quintet/parallel/plan.hpp>
 #include <quintet/parallel/projections.hpp>
+#include <quintet/parallel/replicated_batch.hpp>
 #include <quintet/parallel/sequence/sequence_layout.hpp>
 #include <quintet/parallel/tensor/vocab_parallel_cross_entropy.hpp>
 #include <quintet/tensor/copy.hpp>
@@ -122,6 +123,10 @@ class gpt {
     const std::int64_t batch = tokens.shape()[0], seq = tokens.shape()[1];
     QUINTET_CHECK(seq <= config_.max_seq, "gpt: sequence of {} tokens is longer than max_seq {}",
                   seq, config_.max_seq);
+    if (!batch_checked_) {  // once: a loader that splits batches does so from the start
+      parallel::check_replicated_batch<Plan>(mesh_, tokens, targets);
+      batch_checked_ = true;
+    }
     const parallel::sequence_layout input = parallel::input_layout<Plan>(mesh_, seq);
     const parallel::sequence_layout activation = parallel::activation_layout<Plan>(mesh_, seq);
     // The padding id and the layout belong to this micro-batch: they are kept with its
@@ -246,6 +251,7 @@ class gpt {
   std::vector<std::unique_ptr<transformer_block<T, Device, Plan, Mesh>>> blocks_;
   layer_norm<T, Device> final_norm_;
   std::optional<typename projections::column> head_;  // only when the weights are not tied
+  bool batch_checked_ = false;  // whether the ranks were seen to share the micro-batch
 };
 
 }  // namespace quintet::nn

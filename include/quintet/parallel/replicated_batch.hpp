@@ -1,0 +1,70 @@
+// check_replicated_batch<Plan>: every rank of a plan is given the whole micro-batch and picks its
+// rows itself (sequence_layout.hpp). A loader that hands ranks different batches — its own rows,
+// say, as other libraries' sequence parallelism expects — would otherwise train on garbage
+// silently. Each rank hashes its tokens and targets; one all-reduce of (hash, -hash) under max per
+// axis the plan splits the batch over tells every rank whether all hashes agree, so all ranks
+// throw together (none is left waiting in a collective).
+#pragma once
+
+#include <quintet/comm/communicator.hpp>
+#include <quintet/core/error.hpp>
+#include <quintet/parallel/plan.hpp>
+#include <quintet/tensor/copy.hpp>
+#include <quintet/tensor/tensor.hpp>
+
+#include <cstdint>
+#include <string_view>
+#include <type_traits>
+
+namespace quintet::parallel {
+
+namespace detail {
+
+// FNV-1a over the ids, row by row; a 63-bit value, so that its negation is representable.
+template <class Device>
+std::int64_t batch_hash(tensor_view<const std::int32_t, Device> ids, std::uint64_t hash) {
+  quintet::tensor<std::int32_t, host> on_host(ids.shape());
+  copy(on_host, ids);
+  for (std::int64_t i = 0; i < on_host.numel(); ++i) {
+    hash ^= static_cast<std::uint32_t>(on_host.data()[i]);
+    hash *= 1099511628211ull;
+  }
+  return static_cast<std::int64_t>(hash >> 1);
+}
+
+template <class Comm>
+void require_same_hash(Comm& group, std::int64_t hash, std::string_view axis) {
+  using Device = typename Comm::device_type;
+  quintet::tensor<std::int64_t, host> extremes(shape{2});
+  extremes(0) = hash;
+  extremes(1) = -hash;
+  if constexpr (std::is_same_v<Device, host>) {
+    group.all_reduce(extremes, reduce_op::max);
+  } else {
+    quintet::tensor<std::int64_t, Device> on_device(shape{2});
+    copy(on_device, extremes);
+    group.all_reduce(on_device, reduce_op::max);
+    copy(extremes, on_device);
+  }
+  QUINTET_CHECK(extremes(0) == -extremes(1),
+                "the ranks of the {} group were given different micro-batches: every rank of a "
+                "plan takes the whole micro-batch (the same tokens and targets) and picks its rows "
+                "itself",
+                axis);
+}
+
+}  // namespace detail
+
+// tokens, targets (batch, seq): must be the same on every rank the plan splits the batch over.
+template <class Plan, class Mesh, class Device>
+void check_replicated_batch(Mesh* mesh, tensor_view<const std::int32_t, Device> tokens,
+                            tensor_view<const std::int32_t, Device> targets) {
+  if constexpr (uses_tensor_parallel<Plan> || shards_sequence_on_sp<Plan>) {
+    const std::int64_t hash = detail::batch_hash(
+        targets, static_cast<std::uint64_t>(detail::batch_hash(tokens, 14695981039346656037ull)));
+    if constexpr (uses_tensor_parallel<Plan>) detail::require_same_hash(mesh->tp(), hash, "tp");
+    if constexpr (shards_sequence_on_sp<Plan>) detail::require_same_hash(mesh->sp(), hash, "sp");
+  }
+}
+
+}  // namespace quintet::parallel
