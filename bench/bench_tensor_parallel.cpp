@@ -56,40 +56,68 @@ void serial_step(benchmark::State& state) {
                          benchmark::Counter::kIsIterationInvariantRate);
 }
 
-// Replays `calls` collectives of kind `op` and `bytes` (as counting_comm counts them) on `group`.
-void replay(quintet::thread_comm& group, quintet::comm_operation op, std::int64_t calls,
-            std::int64_t bytes) {
-  using quintet::comm_operation;
-  const std::int64_t n = group.size(), elements = bytes / 4;
-  quintet::tensor<float, host> in(quintet::shape{elements}), out(quintet::shape{elements});
-  quintet::fill(in, 1.0f);
-  for (std::int64_t i = 0; i < calls; ++i) switch (op) {
-      case comm_operation::all_reduce:
-        group.all_reduce(in);
-        break;
-      case comm_operation::all_gather:
-        group.all_gather(quintet::slice(in, 0, 0, elements / n), out);
-        break;
-      case comm_operation::reduce_scatter:
-        group.reduce_scatter(in, quintet::slice(out, 0, 0, elements / n));
-        break;
-      case comm_operation::all_to_all:
-        group.all_to_all(in, out);
-        break;
-      case comm_operation::send: {  // a ring pass: send to the next rank, receive from the last
-        const int next = static_cast<int>((group.rank() + 1) % n);
-        const int last = static_cast<int>((group.rank() + n - 1) % n);
-        const quintet::p2p_op pass[] = {quintet::p2p_op::send(in, next),
-                                        quintet::p2p_op::recv(out, last)};
-        group.exchange(pass);
-        break;
+// `calls` collectives of one kind, at their mean size, ready to run again on `group` with buffers
+// allocated outside the timed replay. Ring passes (send) are replayed as a send to the next rank
+// with a receive from the last; receives travel with them.
+struct replayed_collective {
+  quintet::thread_comm* group;
+  quintet::comm_operation op;
+  std::int64_t calls;
+  quintet::tensor<float, host> in, out;
+
+  replayed_collective(quintet::thread_comm& g, quintet::comm_operation o, std::int64_t n_calls,
+                      std::int64_t bytes_per_call)
+      : group(&g),
+        op(o),
+        calls(n_calls),
+        // fp32 elements, rounded up to a multiple of the group so every block is whole
+        in(quintet::shape{(bytes_per_call / 4 + g.size() - 1) / g.size() * g.size()}),
+        out(in.shape()) {
+    quintet::fill(in, 1.0f);
+  }
+
+  static bool replayable(quintet::comm_operation op) {
+    using quintet::comm_operation;
+    return op == comm_operation::all_reduce || op == comm_operation::all_gather ||
+           op == comm_operation::reduce_scatter || op == comm_operation::all_to_all ||
+           op == comm_operation::send;
+  }
+
+  void run() {
+    using quintet::comm_operation;
+    const std::int64_t n = group->size(), block = in.numel() / n;
+    for (std::int64_t i = 0; i < calls; ++i) switch (op) {
+        case comm_operation::all_reduce:
+          group->all_reduce(in);
+          break;
+        case comm_operation::all_gather:
+          group->all_gather(quintet::slice(in, 0, 0, block), out);
+          break;
+        case comm_operation::reduce_scatter:
+          group->reduce_scatter(in, quintet::slice(out, 0, 0, block));
+          break;
+        case comm_operation::all_to_all:
+          group->all_to_all(in, out);
+          break;
+        default: {  // send: one ring pass
+          const int next = static_cast<int>((group->rank() + 1) % n);
+          const int last = static_cast<int>((group->rank() + n - 1) % n);
+          const quintet::p2p_op pass[] = {quintet::p2p_op::send(in, next),
+                                          quintet::p2p_op::recv(out, last)};
+          group->exchange(pass);
+        }
       }
-      default:
-        break;  // receives are replayed with their sends
-    }
+  }
+};
+
+quintet::mesh_axis axis_named(const std::string& name) {
+  for (const quintet::mesh_axis axis : quintet::all_mesh_axes)
+    if (quintet::name_of(axis) == name) return axis;
+  QUINTET_FAIL("bench_tensor_parallel: no mesh axis is named '{}'", name);
 }
 
-// One parallel plan on 2 thread ranks: step time, and the step's collectives replayed alone.
+// One parallel plan on 2 thread ranks: step time, and the step's collectives (all but receives,
+// which travel with their sends) replayed alone.
 template <class Plan>
 void parallel_step(benchmark::State& state, quintet::mesh_degrees degrees) {
   const int ranks = degrees.tp * degrees.sp;
@@ -108,19 +136,19 @@ void parallel_step(benchmark::State& state, quintet::mesh_degrees degrees) {
     const auto start = std::chrono::steady_clock::now();
     for (std::int64_t i = 0; i < iterations; ++i) trainer.train_step();
     const double seconds = seconds_since(start);
-    const auto tallies = counted.ledger().tallies();
+    std::vector<replayed_collective> replay;
     std::int64_t calls = 0, bytes = 0;
+    for (const auto& [key, tally] : counted.ledger().tallies()) {
+      const auto& [axis, op] = key;
+      if (!replayed_collective::replayable(op)) continue;
+      replay.emplace_back(mesh.axis(axis_named(axis)).inner(), op, tally.calls,
+                          tally.bytes / tally.calls);
+      calls += tally.calls;
+      bytes += tally.bytes;
+    }
     counted.inner().barrier();
     const auto replay_start = std::chrono::steady_clock::now();
-    for (const auto& [key, tally] : tallies) {
-      const auto& [axis, op] = key;
-      auto& group = mesh.axis(axis == "tp" ? quintet::mesh_axis::tp : quintet::mesh_axis::sp);
-      replay(group.inner(), op, tally.calls, tally.bytes / tally.calls);
-      if (op != quintet::comm_operation::recv) {
-        calls += tally.calls;
-        bytes += tally.bytes;
-      }
-    }
+    for (auto& collective : replay) collective.run();
     counted.inner().barrier();
     const double replayed = seconds_since(replay_start);
     if (world.rank() == 0) {

@@ -93,7 +93,7 @@ TEST_CASE("tensor parallelism moves 2 all-reduces of b*s*h forward and 2 backwar
       CHECK(layer.bytes == 2 * bsh_bytes);
       CHECK(layer.bus_bytes == Approx(2 * bsh_bytes * 2.0 * (tp - 1) / tp));
     }
-    // Outside the blocks: the first forward checks that the ranks share the batch (2 int64), the
+    // Outside the blocks: the forward checks that the ranks share the batch (2 int64), the
     // vocabulary-parallel embedding sums its partial rows (b*s*h), the loss all-reduces the row
     // maxima (rows fp32) and the (sum of exponentials, target logit) pairs (2 rows fp32);
     // backward, the tied head sums its input gradient (b*s*h).

@@ -7,6 +7,7 @@
 #include <quintet/comm/thread_comm.hpp>
 #include <quintet/data/markov_source.hpp>
 #include <quintet/mesh/device_mesh.hpp>
+#include <quintet/optim/gradient_norm.hpp>
 #include <quintet/parallel/plan.hpp>
 #include <quintet/train/trainer.hpp>
 
@@ -153,8 +154,15 @@ TEST_CASE("padding targets: the step's mean runs over the targets that count", "
   quintet::nn::context<host> ctx;
   const auto expected = model.forward(ctx, batch.inputs.view(), batch.targets.view());
   REQUIRE(expected.count == 24 - (0 + 1 + 2 + 0 + 1 + 2));
-  REQUIRE(whole.train_step().loss == Approx(expected.mean()).epsilon(1e-12));
-  CHECK(split.train_step().loss == Approx(expected.mean()).epsilon(1e-6));
+  // ... and its gradient is that of the mean over them (scaling by all 24 positions would shrink
+  // it by 18/24, which AdamW would hide from the losses).
+  model.backward(ctx, 1.0 / static_cast<double>(expected.count));
+  const double expected_norm = quintet::optim::global_gradient_norm(exec, registry);
+  const auto first = whole.train_step(), first_split = split.train_step();
+  REQUIRE(first.loss == Approx(expected.mean()).epsilon(1e-12));
+  REQUIRE(first.gradient_norm == Approx(expected_norm).epsilon(1e-12));
+  CHECK(first_split.loss == Approx(expected.mean()).epsilon(1e-6));
+  CHECK(first_split.gradient_norm == Approx(expected_norm).epsilon(1e-5));
   // Scaling each micro-batch by its own count would weight them unequally and part the runs.
   for (int step = 1; step < 3; ++step) {
     INFO("step " << step);

@@ -115,6 +115,8 @@ class gpt {
                                         tensor_view<const std::int32_t, Device> tokens,
                                         tensor_view<const std::int32_t, Device> targets,
                                         std::int32_t ignore_index = kernels::no_target) {
+    // First, before any check that could stop some ranks only, while the others wait.
+    parallel::check_replicated_batch<Plan>(mesh_, tokens, targets);
     QUINTET_CHECK(tokens.shape() == targets.shape(),
                   "gpt: tokens {} and targets {} must have the same shape", tokens.shape(),
                   targets.shape());
@@ -123,10 +125,6 @@ class gpt {
     const std::int64_t batch = tokens.shape()[0], seq = tokens.shape()[1];
     QUINTET_CHECK(seq <= config_.max_seq, "gpt: sequence of {} tokens is longer than max_seq {}",
                   seq, config_.max_seq);
-    if (!batch_checked_) {  // once: a loader that splits batches does so from the start
-      parallel::check_replicated_batch<Plan>(mesh_, tokens, targets);
-      batch_checked_ = true;
-    }
     const parallel::sequence_layout input = parallel::input_layout<Plan>(mesh_, seq);
     const parallel::sequence_layout activation = parallel::activation_layout<Plan>(mesh_, seq);
     // The padding id and the layout belong to this micro-batch: they are kept with its
@@ -251,7 +249,6 @@ class gpt {
   std::vector<std::unique_ptr<transformer_block<T, Device, Plan, Mesh>>> blocks_;
   layer_norm<T, Device> final_norm_;
   std::optional<typename projections::column> head_;  // only when the weights are not tied
-  bool batch_checked_ = false;  // whether the ranks were seen to share the micro-batch
 };
 
 }  // namespace quintet::nn

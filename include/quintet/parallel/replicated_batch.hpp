@@ -1,9 +1,10 @@
 // check_replicated_batch<Plan>: every rank of a plan is given the whole micro-batch and picks its
 // rows itself (sequence_layout.hpp). A loader that hands ranks different batches — its own rows,
-// say, as other libraries' sequence parallelism expects — would otherwise train on garbage
-// silently. Each rank hashes its tokens and targets; one all-reduce of (hash, -hash) under max per
-// axis the plan splits the batch over tells every rank whether all hashes agree, so all ranks
-// throw together (none is left waiting in a collective).
+// say, as other libraries' sequence parallelism expects, or one that drifts after a resume —
+// would otherwise train on garbage silently. Each forward, each rank hashes the shapes and ids of
+// its tokens and targets; one all-reduce of (hash, -hash) under max per axis the plan splits the
+// batch over tells every rank whether all hashes agree, so all ranks throw together (none is left
+// waiting in a collective). The cost: a host copy of the ids and a 16-byte all-reduce per axis.
 #pragma once
 
 #include <quintet/comm/communicator.hpp>
@@ -20,15 +21,19 @@ namespace quintet::parallel {
 
 namespace detail {
 
-// FNV-1a over the ids, row by row; a 63-bit value, so that its negation is representable.
+// FNV-1a over the shape and then the ids; a 63-bit value, so that its negation is representable.
 template <class Device>
 std::int64_t batch_hash(tensor_view<const std::int32_t, Device> ids, std::uint64_t hash) {
+  const auto mix = [&](std::uint64_t word) {
+    hash ^= word;
+    hash *= 1099511628211ull;
+  };
+  mix(static_cast<std::uint64_t>(ids.rank()));
+  for (int d = 0; d < ids.rank(); ++d) mix(static_cast<std::uint64_t>(ids.shape()[d]));
   quintet::tensor<std::int32_t, host> on_host(ids.shape());
   copy(on_host, ids);
-  for (std::int64_t i = 0; i < on_host.numel(); ++i) {
-    hash ^= static_cast<std::uint32_t>(on_host.data()[i]);
-    hash *= 1099511628211ull;
-  }
+  for (std::int64_t i = 0; i < on_host.numel(); ++i)
+    mix(static_cast<std::uint32_t>(on_host.data()[i]));
   return static_cast<std::int64_t>(hash >> 1);
 }
 

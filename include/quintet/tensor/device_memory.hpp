@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstring>
+#include <limits>
 #include <new>
 
 namespace quintet {
@@ -34,7 +35,11 @@ struct device_memory<host> {
 
   static void* allocate(std::size_t bytes, host_stream = {}) {
     if (bytes == 0) return nullptr;
-    if (auto* cache = detail::this_thread_host_block_cache()) return cache->allocate(bytes);
+    // Past PTRDIFF_MAX no object can exist, and the aligned operator new would round the size up
+    // past zero (libstdc++ 12 then returns a small block).
+    QUINTET_CHECK(bytes <= static_cast<std::size_t>(std::numeric_limits<std::ptrdiff_t>::max()),
+                  "host allocation of {} bytes failed: larger than any object can be", bytes);
+    if (auto* cache = detail::host_block_cache_for_allocation()) return cache->allocate(bytes);
     // Blocks are always of their size class: another thread's cache may keep this one.
     void* pointer = ::operator new (detail::host_block_cache::capacity_of(bytes),
                                     std::align_val_t{alignment}, std::nothrow);
@@ -45,7 +50,7 @@ struct device_memory<host> {
   // `bytes` as given to allocate().
   static void deallocate(void* pointer, std::size_t bytes, host_stream = {}) noexcept {
     if (pointer == nullptr) return;
-    if (auto* cache = detail::this_thread_host_block_cache()) {
+    if (auto* cache = detail::host_block_cache_for_deallocation()) {
       cache->deallocate(pointer, bytes);
     } else {
       ::operator delete (pointer, std::align_val_t{alignment});

@@ -6,8 +6,9 @@
 //
 // Size classes: multiples of 64 bytes up to 256, then four per power of two (a block of b bytes,
 // 2^(k-1) < b <= 2^k, gets 5/8, 6/8, 7/8 or 8/8 of 2^k), so a block wastes under 25%. A thread
-// caches at most `max_cached_bytes`; beyond that, freed blocks go back to the system. Blocks freed
-// by another thread than the one that allocated them join that other thread's cache.
+// caches at most `max_cached_bytes`; beyond that, freed blocks go back to the system, and an
+// allocation that fails gives the cache back and tries again. A block freed on another thread
+// than the one that allocated it joins that thread's cache, if it has one.
 #pragma once
 
 #include <quintet/core/error.hpp>
@@ -33,8 +34,12 @@ class host_block_cache {
       for (void* block : blocks) release(block);
   }
 
-  // The bytes a block of `bytes` occupies: its size class.
+  // Blocks above this are never cached (nor rounded up).
+  static constexpr std::size_t largest_cached = std::size_t{1} << 48;
+
+  // The bytes a block of `bytes` occupies: its size class (or `bytes` itself above the largest).
   static constexpr std::size_t capacity_of(std::size_t bytes) {
+    if (bytes > largest_cached) return bytes;
     if (bytes <= 256) return (bytes + 63) / 64 * 64;
     const int k = std::bit_width(bytes - 1);  // 2^(k-1) < bytes <= 2^k
     const std::size_t step = std::size_t{1} << (k - 3);
@@ -51,6 +56,10 @@ class host_block_cache {
       return block;
     }
     void* block = ::operator new (capacity, std::align_val_t{alignment}, std::nothrow);
+    if (block == nullptr && cached_bytes_ > 0) {  // give the cache back and try once more
+      trim();
+      block = ::operator new (capacity, std::align_val_t{alignment}, std::nothrow);
+    }
     QUINTET_CHECK(block != nullptr, "host allocation of {} bytes failed (out of memory)", bytes);
     return block;
   }
@@ -99,19 +108,34 @@ class host_block_cache {
   std::size_t cached_bytes_ = 0;
 };
 
-// This thread's cache. After the thread's cache is destroyed (static tensors freed late in the
-// program's exit), blocks go straight to the system.
+// This thread's cache, made on its first allocation. Deallocation only uses a cache that exists:
+// a block freed on a thread that never allocated, or after the thread's cache is destroyed
+// (static tensors freed late in the program's exit), goes straight to the system. Under
+// AddressSanitizer there is no cache, so that reuse does not hide use-after-free.
+inline thread_local host_block_cache* live_host_block_cache = nullptr;
 inline thread_local bool host_block_cache_gone = false;
 
 struct host_block_cache_owner {
   host_block_cache cache;
-  ~host_block_cache_owner() { host_block_cache_gone = true; }
+  host_block_cache_owner() { live_host_block_cache = &cache; }
+  ~host_block_cache_owner() {
+    live_host_block_cache = nullptr;
+    host_block_cache_gone = true;
+  }
+  host_block_cache_owner(const host_block_cache_owner&) = delete;
+  host_block_cache_owner& operator=(const host_block_cache_owner&) = delete;
 };
 
-inline host_block_cache* this_thread_host_block_cache() {
+inline host_block_cache* host_block_cache_for_allocation() {
+#if defined(__SANITIZE_ADDRESS__)
+  return nullptr;
+#else
   if (host_block_cache_gone) return nullptr;
   thread_local host_block_cache_owner owner;
   return &owner.cache;
+#endif
 }
+
+inline host_block_cache* host_block_cache_for_deallocation() { return live_host_block_cache; }
 
 }  // namespace quintet::detail

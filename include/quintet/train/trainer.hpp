@@ -124,12 +124,18 @@ class trainer {
     // the count before the first backward.
     registry_.zero_grad();
     double loss_sum = 0.0;
+    std::int64_t scored = 0;
     for (auto& batch : micro) {
       nn::context<host> ctx;
       const auto result = model_.forward(ctx, batch.inputs.view(), batch.targets.view());
       loss_sum += result.loss_sum;
+      scored += result.count;
       model_.backward(ctx, 1.0 / static_cast<double>(counted));
     }
+    QUINTET_CHECK(scored == counted,
+                  "training: step {} counted {} targets but the model scored {}: it skips another "
+                  "padding id than kernels::no_target",
+                  step, counted, scored);
     const double loss = loss_sum / static_cast<double>(counted);
     QUINTET_CHECK(std::isfinite(loss), "training stopped at step {}: the loss is {}", step, loss);
     double norm = 0.0;
