@@ -53,25 +53,32 @@ TEST_CASE("sequence layouts place each rank's rows", "[sequence]") {
   require_equal(quintet::slice(rows, 1, 2, 4), quintet::slice(global, 1, 6, 8));
 }
 
+// Catch2 v2 is not thread-safe: ranks keep what they computed, and the main thread checks it.
+
 TEST_CASE("gather_sequence and reduce_scatter_sequence move sequence blocks", "[sequence]") {
   for (const int n : {1, 2, 4}) {
     INFO("ranks " << n);
     const auto global = numbered(shape{3, 8, 5});  // (b, s, h)
+    std::vector<quintet::tensor<float, host>> gathered(n), reduced(n);
     quintet::thread_world{n}.run([&](quintet::thread_comm& group) {
       const int r = group.rank();
-      const auto block = quintet::chunk(global, 1, n, r);
-      require_equal(par::gather_sequence(group, block).view(), global.view());
+      gathered[r] = par::gather_sequence(group, quintet::chunk(global, 1, n, r));
       // Every rank contributes (r + 1) x global: the sum is n (n + 1) / 2 x global.
       quintet::tensor<float, host> mine(global.shape());
       for (std::int64_t i = 0; i < mine.numel(); ++i)
         mine.data()[i] = static_cast<float>(r + 1) * global.data()[i];
-      const auto reduced = par::reduce_scatter_sequence(group, mine.view());
+      reduced[r] = par::reduce_scatter_sequence(group, mine.view());
+    });
+    for (int r = 0; r < n; ++r) {
+      INFO("rank " << r);
+      require_equal(gathered[r].view(), global.view());
+      const auto block = quintet::chunk(global, 1, n, r);
       quintet::tensor<float, host> expected(block.shape());
       quintet::copy(expected, block);
       for (std::int64_t i = 0; i < expected.numel(); ++i)
         expected.data()[i] *= static_cast<float>(n * (n + 1) / 2);
-      require_equal(reduced.view(), expected.view());
-    });
+      require_equal(reduced[r].view(), expected.view());
+    }
   }
 }
 
@@ -79,24 +86,28 @@ TEST_CASE("sequence_to_heads trades sequence blocks for head shards and back", "
   for (const int n : {1, 2, 4}) {
     INFO("ranks " << n);
     const auto global = numbered(shape{2, 8, 3 * 8});  // (b, s, [q | k | v] of width 8)
+    std::vector<quintet::tensor<float, host>> heads(n), back(n);
     quintet::thread_world{n}.run([&](quintet::thread_comm& group) {
       const int r = group.rank();
-      const auto rows = quintet::chunk(global, 1, n, r);
-      const auto heads = par::sequence_to_heads(group, rows, 3);
-      // Every row, this rank's columns of each group.
-      REQUIRE(heads.shape() == shape{2, 8, 3 * 8 / n});
-      for (int g = 0; g < 3; ++g)
-        require_equal(quintet::chunk(heads, 2, 3, g),
-                      quintet::chunk(quintet::chunk(global, 2, 3, g), 2, n, r));
-      require_equal(par::heads_to_sequence(group, heads.view(), 3).view(), rows);
+      heads[r] = par::sequence_to_heads(group, quintet::chunk(global, 1, n, r), 3);
+      back[r] = par::heads_to_sequence(group, heads[r].view(), 3);
     });
+    for (int r = 0; r < n; ++r) {
+      INFO("rank " << r);
+      // Every row, this rank's columns of each group.
+      REQUIRE(heads[r].shape() == shape{2, 8, 3 * 8 / n});
+      for (int g = 0; g < 3; ++g)
+        require_equal(quintet::chunk(heads[r], 2, 3, g),
+                      quintet::chunk(quintet::chunk(global, 2, 3, g), 2, n, r));
+      require_equal(back[r].view(), quintet::chunk(global, 1, n, r));
+    }
   }
 }
 
 TEST_CASE("sequence_to_heads refuses columns that do not split", "[sequence]") {
-  quintet::thread_world{2}.run([&](quintet::thread_comm& group) {
-    const auto x = numbered(shape{1, 4, 9});
-    REQUIRE_THROWS_WITH(par::sequence_to_heads(group, x.view(), 3),
-                        Catch::Contains("9 columns do not split into 3 groups of 2 parts"));
-  });
+  const auto x = numbered(shape{1, 4, 9});
+  REQUIRE_THROWS_WITH(quintet::thread_world{2}.run([&](quintet::thread_comm& group) {
+    par::sequence_to_heads(group, x.view(), 3);
+  }),
+                      Catch::Contains("9 columns do not split into 3 groups of 2 parts"));
 }
