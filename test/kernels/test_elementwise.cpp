@@ -119,6 +119,29 @@ TEST_CASE("add and scale equal the double formulas, in place too", "[kernels][el
   require_close(h, hd, 0.0, 0.0, "bf16 scale");
 }
 
+TEST_CASE("convert widens exactly and narrows to the nearest 16-bit value",
+          "[kernels][elementwise]") {
+  const execution<host> ctx;
+  const auto x = random_tensor<float>(shape{3, 41}, 5, -100.0, 100.0);
+  tensor<quintet::bf16, host> h(x.shape());
+  tensor<quintet::half, host> f16(x.shape());
+  tensor<double, host> wide(x.shape()), back(x.shape());
+  k::convert(ctx, x, h);
+  k::convert(ctx, x, f16);
+  k::convert(ctx, x, wide);
+  k::convert(ctx, h, back);
+  for (std::int64_t i = 0; i < x.numel(); ++i) {
+    INFO(i);
+    // The core conversions (checked against every bit pattern in test_float16) are the reference.
+    REQUIRE(h.data()[i].bits == quintet::bf16(x.data()[i]).bits);
+    REQUIRE(f16.data()[i].bits == quintet::half(x.data()[i]).bits);
+    REQUIRE(wide.data()[i] == static_cast<double>(x.data()[i]));
+    REQUIRE(back.data()[i] == static_cast<double>(static_cast<float>(h.data()[i])));
+  }
+  tensor<float, host> wrong(shape{3, 40});
+  REQUIRE_THROWS_WITH(k::convert(ctx, x, wrong), Catch::Contains("convert"));
+}
+
 TEST_CASE("elementwise kernels reject mismatched shapes", "[kernels][elementwise][errors]") {
   const execution<host> ctx;
   tensor<float, host> x(shape{4, 6}), bias(shape{5}), y(shape{4, 5});

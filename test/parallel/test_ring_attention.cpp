@@ -11,6 +11,7 @@
 #include <quintet/tensor/fill.hpp>
 #include <quintet/tensor/slice.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -162,6 +163,74 @@ TEMPLATE_TEST_CASE("ring attention equals serial causal attention on every rank'
                       "dq, dk, dv");
       }
     }
+}
+
+TEST_CASE("bf16 ring attention rounds once, its error not growing with sp", "[parallel][ring]") {
+  // Against double attention of the same bf16 values: the serial bf16 kernel rounds its results
+  // once; the ring runs in float and rounds once too, so its error stays at the serial one's
+  // whatever sp (it grew with sp while merges, dq and travelling dK/dV rounded to bf16).
+  using quintet::bf16;
+  constexpr std::int64_t chunk = 4;
+  std::uint64_t stream = 1300;
+  for (const int sp : {2, 4}) {
+    const par::zigzag_split split(sp, 2 * sp * chunk);
+    const std::int64_t seq = split.seq;
+    auto qkv = random_tensor<bf16>(shape{batch, seq, 3 * width}, ++stream, -2.0, 2.0);
+    const auto dout = random_tensor<bf16>(shape{batch, seq, width}, ++stream);
+    const execution<host> exec;
+    // The double reference and the serial bf16 run on the whole sequence.
+    auto qkv64 = from_double<double>(to_double(qkv), qkv.shape());
+    const auto dout64 = from_double<double>(to_double(dout), dout.shape());
+    tensor<double, host> out64(shape{batch, seq, width}), lse64(shape{batch, heads, seq}),
+        dqkv64(qkv.shape());
+    k::attention_forward(exec, part(qkv64, 0), part(qkv64, 1), part(qkv64, 2), out64, lse64, heads);
+    k::attention_backward(exec, part(qkv64, 0), part(qkv64, 1), part(qkv64, 2), out64, lse64,
+                          dout64, part(dqkv64, 0), part(dqkv64, 1), part(dqkv64, 2), heads);
+    tensor<bf16, host> out(shape{batch, seq, width}), dqkv(qkv.shape());
+    tensor<float, host> lse(shape{batch, heads, seq});
+    k::attention_forward(exec, part(qkv, 0), part(qkv, 1), part(qkv, 2), out, lse, heads);
+    k::attention_backward(exec, part(qkv, 0), part(qkv, 1), part(qkv, 2), out, lse, dout,
+                          part(dqkv, 0), part(dqkv, 1), part(dqkv, 2), heads);
+
+    std::vector<rank_result> results(sp);
+    quintet::thread_world{sp}.run([&](quintet::thread_comm& comm) {
+      const execution<host> local_exec;
+      const int r = comm.rank();
+      auto local_qkv = par::zigzag_shard(qkv, split, r);
+      const auto local_dout = par::zigzag_shard(dout, split, r);
+      const std::int64_t rows = split.local_length();
+      tensor<bf16, host> local_out(shape{batch, rows, width}), local_dqkv(local_qkv.shape());
+      tensor<float, host> local_lse(shape{batch, heads, rows});
+      par::ring_attention_forward(local_exec, comm, part(local_qkv, 0), part(local_qkv, 1),
+                                  part(local_qkv, 2), local_out, local_lse, heads);
+      par::ring_attention_backward(local_exec, comm, part(local_qkv, 0), part(local_qkv, 1),
+                                   part(local_qkv, 2), local_out, local_lse, local_dout,
+                                   part(local_dqkv, 0), part(local_dqkv, 1), part(local_dqkv, 2),
+                                   heads);
+      results[r] = {to_double(local_out), to_double(local_lse), to_double(local_dqkv)};
+    });
+    const auto largest_error = [](const std::vector<double>& got, const std::vector<double>& want) {
+      double worst = 0;
+      for (std::size_t i = 0; i < got.size(); ++i)
+        worst = std::max(worst, std::abs(got[i] - want[i]));
+      return worst;
+    };
+    for (int r = 0; r < sp; ++r) {
+      INFO("sp " << sp << " rank " << r);
+      const auto want_out = to_double(par::zigzag_shard(out64, split, r));
+      const auto want_dqkv = to_double(par::zigzag_shard(dqkv64, split, r));
+      const double serial_out =
+          largest_error(to_double(par::zigzag_shard(out, split, r)), want_out);
+      const double serial_dqkv =
+          largest_error(to_double(par::zigzag_shard(dqkv, split, r)), want_dqkv);
+      // Rounding once to bf16 (8 significant bits) is all either may do: within 1.25x of the
+      // serial kernel's error, and both within bf16's half-ulp of the values (|x| < 8: 2^-6).
+      CHECK(largest_error(results[r].out, want_out) <= 1.25 * serial_out + 1e-6);
+      CHECK(largest_error(results[r].dqkv, want_dqkv) <= 1.25 * serial_dqkv + 1e-6);
+      CHECK(largest_error(results[r].out, want_out) <= 1.0 / 64);
+      CHECK(largest_error(results[r].dqkv, want_dqkv) <= 1.0 / 64);
+    }
+  }
 }
 
 TEST_CASE("ring attention sends sp - 1 K/V blocks forward and sp blocks of gradients backward",

@@ -1,5 +1,6 @@
 // Elementwise kernels a transformer layer needs around its matrix products: bias add and the bias
-// gradient, GELU (tanh form) forward and backward, residual add, scale. All operands contiguous.
+// gradient, GELU (tanh form) forward and backward, residual add, scale, and convert between
+// floating types. All operands contiguous.
 // Parameter gradients (bias_grad) accumulate into their tensor; activation gradients overwrite.
 #pragma once
 
@@ -18,9 +19,10 @@ namespace quintet::kernels {
 // elementwise_engine<Device>: the device's loops. Only the host has them so far.
 template <class Device>
 struct elementwise_engine {
-  static_assert(quintet::detail::always_false<Device>,
-                "bias_add, bias_grad, gelu_forward, gelu_backward, add and scale have only a host "
-                "implementation: their CUDA twins are not written yet");
+  static_assert(
+      quintet::detail::always_false<Device>,
+      "bias_add, bias_grad, gelu_forward, gelu_backward, add, scale and convert have only "
+      "a host implementation: their CUDA twins are not written yet");
 };
 
 template <>
@@ -51,6 +53,10 @@ struct elementwise_engine<host> {
   template <class T>
   static void scale(const execution<host>&, T* x, accumulator_t<T> alpha, std::int64_t count) {
     host_impl::scale(x, alpha, count);
+  }
+  template <class From, class To>
+  static void convert(const execution<host>&, const From* in, To* out, std::int64_t count) {
+    host_impl::convert(in, out, count);
   }
 };
 
@@ -138,6 +144,21 @@ void scale(const execution<Device>& ctx, X&& x, double alpha) {
   require_contiguous(xv, "scale", "x");
   using acc = accumulator_t<typename decltype(xv)::value_type>;
   elementwise_engine<Device>::scale(ctx, xv.data(), static_cast<acc>(alpha), xv.numel());
+}
+
+// out = in, element by element, in out's floating type (float, double, bf16, half): exact when
+// widening, rounding to nearest even when narrowing to 16 bits.
+template <device_tag Device, class In, class Out>
+void convert(const execution<Device>& ctx, const In& in, Out&& out) {
+  const auto iv = input_view(in);
+  const auto ov = output_view(out);
+  detail::check_operand_types<Device, decltype(iv)>();
+  detail::check_operand_types<Device, decltype(ov)>();
+  require_contiguous(iv, "convert", "in");
+  require_contiguous(ov, "convert", "out");
+  check_same_shape(iv, ov, "convert");
+  check_same_device(iv, ov, "convert");
+  elementwise_engine<Device>::convert(ctx, iv.data(), ov.data(), iv.numel());
 }
 
 }  // namespace quintet::kernels

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 namespace quintet::kernels::host_impl {
@@ -102,6 +103,19 @@ void add(const T* a, const T* b, T* out, std::int64_t count) {
 template <class T>
 void scale(T* x, accumulator_t<T> alpha, std::int64_t count) {
   lane_map(x, count, [&](std::int64_t i) { return narrow<T>(widen(x[i]) * alpha); });
+}
+
+// out[i] = in[i] in another floating type: exact when widening; narrowing to bf16 or half rounds
+// to nearest even from float (a double goes through float first).
+template <class From, class To>
+void convert(const From* in, To* out, std::int64_t count) {
+  for (std::int64_t i = 0; i < count; ++i) {
+    if constexpr (std::is_same_v<To, float> || std::is_same_v<To, double>) {
+      out[i] = static_cast<To>(widen(in[i]));
+    } else {
+      out[i] = To(static_cast<float>(widen(in[i])));
+    }
+  }
 }
 
 }  // namespace quintet::kernels::host_impl

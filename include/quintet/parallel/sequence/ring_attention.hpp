@@ -18,6 +18,7 @@
 #include <quintet/core/error.hpp>
 #include <quintet/kernels/accumulator.hpp>
 #include <quintet/kernels/attention.hpp>
+#include <quintet/kernels/elementwise.hpp>
 #include <quintet/kernels/execution.hpp>
 #include <quintet/kernels/operand.hpp>
 #include <quintet/parallel/sequence/sequence_layout.hpp>
@@ -112,6 +113,17 @@ tensor_view<T, Device> ring_packed_part(quintet::tensor<T, Device>& buffer, int 
   return quintet::reshape(quintet::slice(buffer, 0, i, i + 1), shape{n[1], n[2], n[3]});
 }
 
+// A (batch, rows, width) view, possibly strided, as a new contiguous tensor of type To.
+template <class To, class Device, class View>
+quintet::tensor<To, Device> converted(const execution<Device>& exec, const View& view) {
+  using From = typename View::value_type;
+  quintet::tensor<From, Device> packed(view.shape());
+  quintet::copy(packed, view);
+  quintet::tensor<To, Device> out(view.shape());
+  kernels::convert(exec, packed, out);
+  return out;
+}
+
 // One step of the ring: every (local query chunk, key chunk) pair of the block from rank `source`
 // handed to fn(qc, kc, mask) unless the key chunk lies after the query chunk.
 template <class Fn>
@@ -160,6 +172,16 @@ void ring_attention_forward(const execution<Device>& exec, Comm& sp, const Q& q,
   // (bit for bit, as a plan of degree 1 must be).
   if (ranks == 1) {
     kernels::attention_forward(exec, qv, kv, vv, ov, lv, heads);
+    return;
+  }
+  // 16-bit operands: the ring runs in the accumulator type and rounds the output once, so the
+  // merges over sp key blocks do not each round to 16 bits (K and V travel widened: 2x bytes).
+  if constexpr (!std::is_same_v<T, acc>) {
+    const auto wide_q = detail::converted<acc>(exec, qv), wide_k = detail::converted<acc>(exec, kv),
+               wide_v = detail::converted<acc>(exec, vv);
+    quintet::tensor<acc, Device> wide_out(ov.shape());
+    ring_attention_forward(exec, sp, wide_q, wide_k, wide_v, wide_out, lv, heads);
+    quintet::copy(ov, detail::converted<T>(exec, wide_out.view()));
     return;
   }
 
@@ -246,6 +268,21 @@ void ring_attention_backward(const execution<Device>& exec, Comm& sp, const Q& q
   kernels::require_shape(lv, shape{batch, heads, 2 * c}, what, "lse");
   if (ranks == 1) {  // the whole sequence in order, as in the forward
     kernels::attention_backward(exec, qv, kv, vv, ov, lv, dov, dqv, dkv, dvv, heads);
+    return;
+  }
+  // 16-bit operands: in the accumulator type, as the forward, so dq and the travelling dK, dV
+  // round once at the end rather than at every block and hop.
+  if constexpr (!std::is_same_v<T, acc>) {
+    const auto wide_q = detail::converted<acc>(exec, qv), wide_k = detail::converted<acc>(exec, kv),
+               wide_v = detail::converted<acc>(exec, vv),
+               wide_out = detail::converted<acc>(exec, ov),
+               wide_dout = detail::converted<acc>(exec, dov);
+    quintet::tensor<acc, Device> wide_dq(qv.shape()), wide_dk(qv.shape()), wide_dv(qv.shape());
+    ring_attention_backward(exec, sp, wide_q, wide_k, wide_v, wide_out, lv, wide_dout, wide_dq,
+                            wide_dk, wide_dv, heads);
+    quintet::copy(dqv, detail::converted<T>(exec, wide_dq.view()));
+    quintet::copy(dkv, detail::converted<T>(exec, wide_dk.view()));
+    quintet::copy(dvv, detail::converted<T>(exec, wide_dv.view()));
     return;
   }
 
