@@ -49,6 +49,35 @@ struct rank_result {
   std::vector<double> out, lse, dqkv;
 };
 
+// Ring attention forward and backward of every rank's zig-zag rows of a global fused qkv and
+// dout, on sp thread ranks; each rank's out, lse and dq|dk|dv in double. Gradients start as NaN
+// where the type has one, so every element must be written.
+template <class T>
+std::vector<rank_result> run_ring(const tensor<T, host>& qkv, const tensor<T, host>& dout,
+                                  const par::zigzag_split& split) {
+  using acc = k::accumulator_t<T>;
+  std::vector<rank_result> results(split.sp);
+  quintet::thread_world{split.sp}.run([&](quintet::thread_comm& comm) {
+    const execution<host> exec;
+    const int r = comm.rank();
+    auto local_qkv = par::zigzag_shard(qkv, split, r);
+    const auto local_dout = par::zigzag_shard(dout, split, r);
+    const std::int64_t rows = split.local_length();
+    tensor<T, host> local_out(shape{batch, rows, width}), local_dqkv(local_qkv.shape());
+    tensor<acc, host> local_lse(shape{batch, heads, rows});
+    if constexpr (std::numeric_limits<T>::has_quiet_NaN)
+      quintet::fill(local_dqkv, std::numeric_limits<T>::quiet_NaN());
+    par::ring_attention_forward(exec, comm, part(local_qkv, 0), part(local_qkv, 1),
+                                part(local_qkv, 2), local_out, local_lse, heads);
+    par::ring_attention_backward(exec, comm, part(local_qkv, 0), part(local_qkv, 1),
+                                 part(local_qkv, 2), local_out, local_lse, local_dout,
+                                 part(local_dqkv, 0), part(local_dqkv, 1), part(local_dqkv, 2),
+                                 heads);
+    results[r] = {to_double(local_out), to_double(local_lse), to_double(local_dqkv)};
+  });
+  return results;
+}
+
 }  // namespace
 
 TEST_CASE("zigzag_split gives rank r chunks r and 2 sp - 1 - r", "[parallel][ring]") {
@@ -135,24 +164,7 @@ TEMPLATE_TEST_CASE("ring attention equals serial causal attention on every rank'
       k::attention_backward(exec, part(qkv, 0), part(qkv, 1), part(qkv, 2), out, lse, dout,
                             part(dqkv, 0), part(dqkv, 1), part(dqkv, 2), heads);
 
-      std::vector<rank_result> results(sp);
-      quintet::thread_world{sp}.run([&](quintet::thread_comm& comm) {
-        const execution<host> local_exec;
-        const int r = comm.rank();
-        auto local_qkv = par::zigzag_shard(qkv, split, r);
-        const auto local_dout = par::zigzag_shard(dout, split, r);
-        const std::int64_t rows = split.local_length();
-        tensor<T, host> local_out(shape{batch, rows, width}), local_lse(shape{batch, heads, rows}),
-            local_dqkv(local_qkv.shape());
-        quintet::fill(local_dqkv, std::numeric_limits<T>::quiet_NaN());  // all must be written
-        par::ring_attention_forward(local_exec, comm, part(local_qkv, 0), part(local_qkv, 1),
-                                    part(local_qkv, 2), local_out, local_lse, heads);
-        par::ring_attention_backward(local_exec, comm, part(local_qkv, 0), part(local_qkv, 1),
-                                     part(local_qkv, 2), local_out, local_lse, local_dout,
-                                     part(local_dqkv, 0), part(local_dqkv, 1), part(local_dqkv, 2),
-                                     heads);
-        results[r] = {to_double(local_out), to_double(local_lse), to_double(local_dqkv)};
-      });
+      const auto results = run_ring(qkv, dout, split);
       const auto serial_lse = to_double(lse);
       for (int r = 0; r < sp; ++r) {
         INFO("sp " << sp << " chunk " << chunk << " rank " << r);
@@ -192,23 +204,7 @@ TEST_CASE("bf16 ring attention rounds once, its error not growing with sp", "[pa
     k::attention_backward(exec, part(qkv, 0), part(qkv, 1), part(qkv, 2), out, lse, dout,
                           part(dqkv, 0), part(dqkv, 1), part(dqkv, 2), heads);
 
-    std::vector<rank_result> results(sp);
-    quintet::thread_world{sp}.run([&](quintet::thread_comm& comm) {
-      const execution<host> local_exec;
-      const int r = comm.rank();
-      auto local_qkv = par::zigzag_shard(qkv, split, r);
-      const auto local_dout = par::zigzag_shard(dout, split, r);
-      const std::int64_t rows = split.local_length();
-      tensor<bf16, host> local_out(shape{batch, rows, width}), local_dqkv(local_qkv.shape());
-      tensor<float, host> local_lse(shape{batch, heads, rows});
-      par::ring_attention_forward(local_exec, comm, part(local_qkv, 0), part(local_qkv, 1),
-                                  part(local_qkv, 2), local_out, local_lse, heads);
-      par::ring_attention_backward(local_exec, comm, part(local_qkv, 0), part(local_qkv, 1),
-                                   part(local_qkv, 2), local_out, local_lse, local_dout,
-                                   part(local_dqkv, 0), part(local_dqkv, 1), part(local_dqkv, 2),
-                                   heads);
-      results[r] = {to_double(local_out), to_double(local_lse), to_double(local_dqkv)};
-    });
+    const auto results = run_ring(qkv, dout, split);
     const auto largest_error = [](const std::vector<double>& got, const std::vector<double>& want) {
       double worst = 0;
       for (std::size_t i = 0; i < got.size(); ++i)
