@@ -65,10 +65,15 @@ template <communicator Comm, class E, class Device, class T = std::remove_const_
 quintet::tensor<T, Device> gather_sequence(Comm& group, tensor_view<E, Device> local) {
   detail::check_sequence_operand(local, 1, "gather_sequence");
   const std::int64_t n = group.size(), rows = local.shape()[1];
-  quintet::tensor<T, Device> contiguous(local.shape());
-  copy(contiguous, local);
+  tensor_view<const T, Device> block = local;
+  quintet::tensor<T, Device> staged;  // a contiguous copy, only for a strided block
+  if (!local.is_contiguous()) {
+    staged = quintet::tensor<T, Device>(local.shape());
+    copy(staged, local);
+    block = staged.view();
+  }
   quintet::tensor<T, Device> gathered(shape{n * local.numel()});  // n blocks (b, s/n, ...)
-  group.all_gather(contiguous, gathered);
+  group.all_gather(block, gathered);
   quintet::tensor<T, Device> out(local.shape().with_extent(1, n * rows));  // (b, s, ...)
   for (std::int64_t j = 0; j < n; ++j)
     copy(slice(out, 1, j * rows, (j + 1) * rows), detail::rank_block(gathered, j, local.shape()));
