@@ -2,7 +2,8 @@
 //   matmul      quintet's host matmul (CBLAS path) vs cblas_sgemm called directly, same threads
 //               and operands: GFLOP/s of both and their ratio; the portable blocked kernel vs
 //               single-threaded OpenBLAS: GFLOP/s and its fraction.
-//   layer norm, softmax   GB/s (bytes read + written) vs memcpy of the same array.
+//   layer norm, softmax   GB/s (bytes read + written) vs memcpy of the same array; the layer norm
+//               backward's two passes (input, then weight) vs the fused backward.
 //   attention   forward + backward through block products vs the row-at-a-time loops (the
 //               straightforward form, which bf16 still uses) on the same float operands.
 // Results are checked against OpenBLAS outside the timed loops.
@@ -108,29 +109,29 @@ void interleaved(benchmark::State& state, Ours&& ours, Reference&& reference, do
 // the same thread count (quintet's context sets it; the direct call inherits it).
 void matmul_vs_openblas(benchmark::State& state) {
   auto g = make_operands(state.range(0), state.range(1), state.range(2), state.range(3) != 0);
-  const auto ctx = state.range(4) == 0 ? execution<host>::all_cores()
-                                       : execution<host>(static_cast<int>(state.range(4)));
+  const auto exec = state.range(4) == 0 ? execution<host>::all_cores()
+                                        : execution<host>(static_cast<int>(state.range(4)));
   const k::matmul_options options{.transpose_b = g.transpose_b};
   double ours = 0, reference = 0;
   interleaved(
-      state, [&] { k::matmul(ctx, g.a, g.b, g.c, options); },  // sets OpenBLAS's thread count
+      state, [&] { k::matmul(exec, g.a, g.b, g.c, options); },  // sets OpenBLAS's thread count
       [&] { openblas_sgemm(g, g.reference.data()); }, ours, reference);
   check_against_openblas(state, g);
   state.counters["GFLOP/s"] = gflop(g) / ours;
   state.counters["openblas_GFLOP/s"] = gflop(g) / reference;
   state.counters["ratio"] = reference / ours;
-  state.counters["threads"] = ctx.threads();
+  state.counters["threads"] = exec.threads();
 }
 
 // Arguments: m, n, k, transpose_b. The portable kernel (single-threaded) vs OpenBLAS on one thread.
 void matmul_portable_vs_openblas(benchmark::State& state) {
   auto g = make_operands(state.range(0), state.range(1), state.range(2), state.range(3) != 0);
-  const execution<host> ctx(1);
+  const execution<host> exec(1);
   const k::matmul_options options{.transpose_b = g.transpose_b};
-  k::matmul(ctx, g.a, g.b, g.c, options);  // OpenBLAS on one thread from here on
+  k::matmul(exec, g.a, g.b, g.c, options);  // OpenBLAS on one thread from here on
   double ours = 0, reference = 0;
   interleaved(
-      state, [&] { k::matmul_portable(ctx, g.a, g.b, g.c, options); },
+      state, [&] { k::matmul_portable(exec, g.a, g.b, g.c, options); },
       [&] { openblas_sgemm(g, g.reference.data()); }, ours, reference);
   check_against_openblas(state, g);
   state.counters["GFLOP/s"] = gflop(g) / ours;
@@ -177,7 +178,7 @@ void row_kernel_vs_memcpy(benchmark::State& state, Kernel&& kernel, const tensor
 
 void layer_norm_forward(benchmark::State& state) {
   const std::int64_t rows = state.range(0), n = state.range(1);
-  const execution<host> ctx;
+  const execution<host> exec;
   tensor<float, host> x(shape{rows, n}), y(shape{rows, n}), gamma(shape{n}), beta(shape{n}),
       mean(shape{rows}), rstd(shape{rows});
   quintet::fill_uniform(x, {.seed = 2, .stream = 1}, -1.0, 1.0);
@@ -185,7 +186,7 @@ void layer_norm_forward(benchmark::State& state) {
   quintet::fill(beta, 0.0f);
   quintet::fill(y, 0.0f);
   row_kernel_vs_memcpy(
-      state, [&] { k::layer_norm_forward(ctx, x, gamma, beta, y, mean, rstd); }, x);
+      state, [&] { k::layer_norm_forward(exec, x, gamma, beta, y, mean, rstd); }, x);
   // Outside timing: every row of y has mean ~0 (gamma 1, beta 0).
   double row_mean = 0;
   for (std::int64_t j = 0; j < n; ++j) row_mean += y.data()[j];
@@ -195,7 +196,7 @@ void layer_norm_forward(benchmark::State& state) {
 
 void layer_norm_backward(benchmark::State& state) {
   const std::int64_t rows = state.range(0), n = state.range(1);
-  const execution<host> ctx;
+  const execution<host> exec;
   tensor<float, host> x(shape{rows, n}), dy(shape{rows, n}), dx(shape{rows, n}), y(shape{rows, n}),
       gamma(shape{n}), beta(shape{n}), dgamma(shape{n}), dbeta(shape{n}), mean(shape{rows}),
       rstd(shape{rows});
@@ -206,21 +207,62 @@ void layer_norm_backward(benchmark::State& state) {
   quintet::fill(dgamma, 0.0f);
   quintet::fill(dbeta, 0.0f);
   quintet::fill(dx, 0.0f);
-  k::layer_norm_forward(ctx, x, gamma, beta, y, mean, rstd);
+  k::layer_norm_forward(exec, x, gamma, beta, y, mean, rstd);
   // Reads x and dy, writes dx: three arrays.
   row_kernel_vs_memcpy(
-      state, [&] { k::layer_norm_backward(ctx, x, gamma, mean, rstd, dy, dx, dgamma, dbeta); }, x,
+      state, [&] { k::layer_norm_backward(exec, x, gamma, mean, rstd, dy, dx, dgamma, dbeta); }, x,
       3.0);
+}
+
+// The input pass then the weight pass (as a zero-bubble schedule runs them) vs the fused backward:
+// the pair reads x and dy twice, the fused loop once. GB/s counts the fused backward's bytes for
+// both. Outside timing the two give the same bits (both ran the same number of times, so the
+// accumulated parameter gradients match too).
+void layer_norm_backward_split(benchmark::State& state) {
+  const std::int64_t rows = state.range(0), n = state.range(1);
+  const execution<host> exec;
+  tensor<float, host> x(shape{rows, n}), dy(shape{rows, n}), y(shape{rows, n}), gamma(shape{n}),
+      beta(shape{n}), mean(shape{rows}), rstd(shape{rows});
+  tensor<float, host> dx_fused(shape{rows, n}), dgamma_fused(shape{n}), dbeta_fused(shape{n}),
+      dx_split(shape{rows, n}), dgamma_split(shape{n}), dbeta_split(shape{n});
+  quintet::fill_uniform(x, {.seed = 2, .stream = 1}, -1.0, 1.0);
+  quintet::fill_uniform(dy, {.seed = 2, .stream = 2}, -1.0, 1.0);
+  quintet::fill_uniform(gamma, {.seed = 2, .stream = 3}, 0.5, 1.5);
+  quintet::fill(beta, 0.0f);
+  for (auto* t : {&dx_fused, &dgamma_fused, &dbeta_fused, &dx_split, &dgamma_split, &dbeta_split})
+    quintet::fill(*t, 0.0f);
+  k::layer_norm_forward(exec, x, gamma, beta, y, mean, rstd);
+  double fused = 0, split = 0;
+  interleaved(
+      state,
+      [&] {
+        k::layer_norm_backward(exec, x, gamma, mean, rstd, dy, dx_fused, dgamma_fused, dbeta_fused);
+      },
+      [&] {
+        k::layer_norm_backward_input(exec, x, gamma, mean, rstd, dy, dx_split);
+        k::layer_norm_backward_weight(exec, x, mean, rstd, dy, dgamma_split, dbeta_split);
+      },
+      fused, split);
+  auto same = [](const tensor<float, host>& a, const tensor<float, host>& b) {
+    return std::memcmp(a.data(), b.data(), a.bytes()) == 0;
+  };
+  if (!same(dx_fused, dx_split) || !same(dgamma_fused, dgamma_split) ||
+      !same(dbeta_fused, dbeta_split))
+    state.SkipWithError("the split backward differs from the fused one");
+  const double bytes = 3.0 * static_cast<double>(x.bytes());  // reads x and dy, writes dx
+  state.counters["GB/s"] = bytes / fused / 1e9;
+  state.counters["split_GB/s"] = bytes / split / 1e9;
+  state.counters["split/fused"] = split / fused;
 }
 
 void softmax_forward(benchmark::State& state) {
   const std::int64_t rows = state.range(0), n = state.range(1);
-  const execution<host> ctx;
+  const execution<host> exec;
   tensor<float, host> x(shape{rows, n}), y(shape{rows, n});
   quintet::fill_uniform(x, {.seed = 3, .stream = 1}, -4.0, 4.0);
   quintet::fill(y, 0.0f);
   row_kernel_vs_memcpy(
-      state, [&] { k::softmax_forward(ctx, x, y); }, x);
+      state, [&] { k::softmax_forward(exec, x, y); }, x);
   double row_sum = 0;
   for (std::int64_t j = 0; j < n; ++j) row_sum += y.data()[j];
   if (!(std::abs(row_sum - 1.0) < 1e-4)) state.SkipWithError("softmax row does not sum to 1");
@@ -230,7 +272,7 @@ void softmax_forward(benchmark::State& state) {
 void attention(benchmark::State& state) {
   const std::int64_t batch = state.range(0), seq = state.range(1), heads = state.range(2),
                      width = heads * state.range(3);
-  const execution<host> ctx;
+  const execution<host> exec;
   tensor<float, host> qkv(shape{batch, seq, 3 * width}), dqkv(qkv.shape()), dqkv_rows(qkv.shape()),
       out(shape{batch, seq, width}), out_rows(out.shape()), dout(out.shape()),
       lse(shape{batch, heads, seq});
@@ -252,8 +294,8 @@ void attention(benchmark::State& state) {
   interleaved(
       state,
       [&] {
-        k::attention_forward(ctx, part(qkv, 0), part(qkv, 1), part(qkv, 2), out, lse, heads);
-        k::attention_backward(ctx, part(qkv, 0), part(qkv, 1), part(qkv, 2), out, lse, dout,
+        k::attention_forward(exec, part(qkv, 0), part(qkv, 1), part(qkv, 2), out, lse, heads);
+        k::attention_backward(exec, part(qkv, 0), part(qkv, 1), part(qkv, 2), out, lse, dout,
                               part(dqkv, 0), part(dqkv, 1), part(dqkv, 2), heads);
       },
       [&] {
@@ -288,6 +330,7 @@ BENCHMARK(matmul_vs_openblas)->Apply(matmul_arguments);
 BENCHMARK(matmul_portable_vs_openblas)->Apply(portable_arguments);
 BENCHMARK(layer_norm_forward)->Apply(row_arguments);
 BENCHMARK(layer_norm_backward)->Apply(row_arguments);
+BENCHMARK(layer_norm_backward_split)->Apply(row_arguments);
 BENCHMARK(softmax_forward)->Apply(row_arguments);
 BENCHMARK(attention)
     ->Args({8, 128, 4, 32})

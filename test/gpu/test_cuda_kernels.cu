@@ -1,5 +1,6 @@
 // The CUDA twins against the host kernels on the same random operands: the cuBLASLt matmul (fp32
-// and bf16; transposes, batches, a shared B, beta) and the CUB layer norm forward and backward.
+// and bf16; transposes, batches, a shared B, beta) and the CUB layer norm forward and backward
+// (fused, and split into its input and weight passes).
 #include <catch2/catch.hpp>
 
 #include <quintet/kernels/cuda/layer_norm.cuh>
@@ -15,6 +16,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 using device = quintet::cuda;  // not `cuda`: CCCL declares a global namespace of that name
@@ -67,6 +69,12 @@ void require_close(const tensor<T, host>& got, const tensor<T, host>& want, doub
   REQUIRE(worst <= 0.0);
 }
 
+template <class T>
+bool same_bits(const tensor<T, host>& a, const tensor<T, host>& b) {
+  return a.shape() == b.shape() &&
+         std::memcmp(a.data(), b.data(), static_cast<std::size_t>(a.numel()) * sizeof(T)) == 0;
+}
+
 struct product_case {
   shape a, b, c;
   k::matmul_options options;
@@ -74,8 +82,8 @@ struct product_case {
 
 template <class T>
 void check_matmul(double rtol, double atol) {
-  const execution<host> host_ctx;
-  const execution<device> device_ctx;
+  const execution<host> host_exec;
+  const execution<device> device_exec;
   const std::vector<product_case> cases = {
       {shape{3, 33}, shape{33, 17}, shape{3, 17}, {}},
       {shape{33, 3}, shape{17, 33}, shape{3, 17}, {.transpose_a = true, .transpose_b = true}},
@@ -94,9 +102,9 @@ void check_matmul(double rtol, double atol) {
     auto b = random_host<T>(c.b, ++stream);
     auto want = random_host<T>(c.c, ++stream);
     auto a_device = to_device(a), b_device = to_device(b), c_device = to_device(want);
-    k::matmul(host_ctx, a, b, want, c.options);
-    k::matmul(device_ctx, a_device, b_device, c_device, c.options);
-    device_ctx.synchronize();
+    k::matmul(host_exec, a, b, want, c.options);
+    k::matmul(device_exec, a_device, b_device, c_device, c.options);
+    device_exec.synchronize();
     INFO("A " << c.a.to_string() << " B " << c.b.to_string() << " transpose_a "
               << c.options.transpose_a << " transpose_b " << c.options.transpose_b);
     require_close(to_host(c_device), want, rtol, atol, "matmul");
@@ -105,8 +113,8 @@ void check_matmul(double rtol, double atol) {
 
 template <class T, class Acc>
 void check_layer_norm(double rtol, double atol) {
-  const execution<host> host_ctx;
-  const execution<device> device_ctx;
+  const execution<host> host_exec;
+  const execution<device> device_exec;
   for (const shape s : {shape{1, 1}, shape{3, 17}, shape{2, 5, 33}, shape{7, 1000}}) {
     const std::int64_t n = s[s.rank() - 1];
     const shape stats = shape(s.extents().first(s.rank() - 1));
@@ -120,11 +128,12 @@ void check_layer_norm(double rtol, double atol) {
          beta_d = to_device(beta), dgamma_d = to_device(dgamma), dbeta_d = to_device(dbeta);
     tensor<T, device> y_d(s), dx_d(s);
     tensor<Acc, device> mean_d(stats), rstd_d(stats);
-    k::layer_norm_forward(host_ctx, x, gamma, beta, y, mean, rstd);
-    k::layer_norm_backward(host_ctx, x, gamma, mean, rstd, dy, dx, dgamma, dbeta);
-    k::layer_norm_forward(device_ctx, x_d, gamma_d, beta_d, y_d, mean_d, rstd_d);
-    k::layer_norm_backward(device_ctx, x_d, gamma_d, mean_d, rstd_d, dy_d, dx_d, dgamma_d, dbeta_d);
-    device_ctx.synchronize();
+    k::layer_norm_forward(host_exec, x, gamma, beta, y, mean, rstd);
+    k::layer_norm_backward(host_exec, x, gamma, mean, rstd, dy, dx, dgamma, dbeta);
+    k::layer_norm_forward(device_exec, x_d, gamma_d, beta_d, y_d, mean_d, rstd_d);
+    k::layer_norm_backward(device_exec, x_d, gamma_d, mean_d, rstd_d, dy_d, dx_d, dgamma_d,
+                           dbeta_d);
+    device_exec.synchronize();
     INFO("shape " << s.to_string());
     require_close(to_host(y_d), y, rtol, atol, "y");
     require_close(to_host(mean_d), mean, 1e-5, 1e-6, "mean");
@@ -132,6 +141,44 @@ void check_layer_norm(double rtol, double atol) {
     require_close(to_host(dx_d), dx, rtol, atol, "dx");
     require_close(to_host(dgamma_d), dgamma, rtol, atol, "dgamma");
     require_close(to_host(dbeta_d), dbeta, rtol, atol, "dbeta");
+  }
+}
+
+// layer_norm_backward_input then _weight on cuda against the same passes on the host, and bit for
+// bit against the cuda fused backward (which launches the same two kernels).
+template <class T, class Acc>
+void check_layer_norm_split(double rtol, double atol) {
+  const execution<host> host_exec;
+  const execution<device> device_exec;
+  for (const shape s : {shape{1, 1}, shape{3, 17}, shape{2, 5, 33}, shape{7, 1000}}) {
+    const std::int64_t n = s[s.rank() - 1];
+    const shape stats = shape(s.extents().first(s.rank() - 1));
+    auto x = random_host<T>(s, 20, -3.0, 3.0), dy = random_host<T>(s, 21);
+    auto gamma = random_host<T>(shape{n}, 22, 0.5, 1.5), beta = random_host<T>(shape{n}, 23);
+    auto dgamma = random_host<T>(shape{n}, 24), dbeta = random_host<T>(shape{n}, 25);  // += onto
+    tensor<T, host> y(s), dx(s);
+    tensor<Acc, host> mean(stats), rstd(stats);
+    auto x_d = to_device(x), dy_d = to_device(dy), gamma_d = to_device(gamma),
+         beta_d = to_device(beta), dgamma_d = to_device(dgamma), dbeta_d = to_device(dbeta),
+         dgamma_fused_d = to_device(dgamma), dbeta_fused_d = to_device(dbeta);
+    tensor<T, device> y_d(s), dx_d(s), dx_fused_d(s);
+    tensor<Acc, device> mean_d(stats), rstd_d(stats);
+    k::layer_norm_forward(host_exec, x, gamma, beta, y, mean, rstd);
+    k::layer_norm_backward_input(host_exec, x, gamma, mean, rstd, dy, dx);
+    k::layer_norm_backward_weight(host_exec, x, mean, rstd, dy, dgamma, dbeta);
+    k::layer_norm_forward(device_exec, x_d, gamma_d, beta_d, y_d, mean_d, rstd_d);
+    k::layer_norm_backward_input(device_exec, x_d, gamma_d, mean_d, rstd_d, dy_d, dx_d);
+    k::layer_norm_backward_weight(device_exec, x_d, mean_d, rstd_d, dy_d, dgamma_d, dbeta_d);
+    k::layer_norm_backward(device_exec, x_d, gamma_d, mean_d, rstd_d, dy_d, dx_fused_d,
+                           dgamma_fused_d, dbeta_fused_d);
+    device_exec.synchronize();
+    INFO("shape " << s.to_string());
+    require_close(to_host(dx_d), dx, rtol, atol, "dx");
+    require_close(to_host(dgamma_d), dgamma, rtol, atol, "dgamma");
+    require_close(to_host(dbeta_d), dbeta, rtol, atol, "dbeta");
+    REQUIRE(same_bits(to_host(dx_d), to_host(dx_fused_d)));
+    REQUIRE(same_bits(to_host(dgamma_d), to_host(dgamma_fused_d)));
+    REQUIRE(same_bits(to_host(dbeta_d), to_host(dbeta_fused_d)));
   }
 }
 
@@ -151,6 +198,12 @@ TEST_CASE("the CUB layer norm equals the host layer norm, forward and backward",
   check_layer_norm<float, float>(1e-5, 1e-5);
   check_layer_norm<double, double>(1e-12, 1e-12);
   check_layer_norm<quintet::bf16, float>(8e-3, 1e-2);
+}
+
+TEST_CASE("the CUB layer norm's split backward equals the host's and the fused one", "[device]") {
+  check_layer_norm_split<float, float>(1e-5, 1e-5);
+  check_layer_norm_split<double, double>(1e-12, 1e-12);
+  check_layer_norm_split<quintet::bf16, float>(8e-3, 1e-2);
 }
 
 TEST_CASE("a cuda execution context without a device raises quintet::error", "[no-device]") {

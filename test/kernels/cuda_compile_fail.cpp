@@ -11,19 +11,19 @@
 
 using device_view = quintet::tensor_view<float, quintet::cuda>;
 
-void call(const quintet::execution<quintet::cuda>& ctx, device_view x, device_view y,
+void call(const quintet::execution<quintet::cuda>& exec, device_view x, device_view y,
           quintet::tensor_view<float, quintet::cuda> lse,
           quintet::tensor_view<const std::int32_t, quintet::cuda> targets) {
 #if defined(KERNEL_CASE_SOFTMAX)
-  quintet::kernels::softmax_forward(ctx, x, y);
+  quintet::kernels::softmax_forward(exec, x, y);
 #elif defined(KERNEL_CASE_ATTENTION)
-  quintet::kernels::attention_forward(ctx, x, x, x, y, lse, 2);
+  quintet::kernels::attention_forward(exec, x, x, x, y, lse, 2);
 #elif defined(KERNEL_CASE_CROSS_ENTROPY)
-  (void)quintet::kernels::cross_entropy_forward(ctx, x, targets, lse);
+  (void)quintet::kernels::cross_entropy_forward(exec, x, targets, lse);
 #elif defined(KERNEL_CASE_MATMUL_WITHOUT_CUH)
-  quintet::kernels::matmul(ctx, x, x, y);
+  quintet::kernels::matmul(exec, x, x, y);
 #endif
-  (void)ctx, (void)x, (void)y, (void)lse, (void)targets;
+  (void)exec, (void)x, (void)y, (void)lse, (void)targets;
 }
 
 int main() { return 0; }

@@ -73,14 +73,14 @@ const std::vector<attention_case> cases = {{1, 1, 1, 1}, {2, 5, 2, 3},  {1, 17, 
 }  // namespace
 
 TEST_CASE("attention_forward equals naive causal attention in double", "[kernels][attention]") {
-  const execution<host> ctx;
+  const execution<host> exec;
   std::uint64_t stream = 500;
   for (const auto& c : cases) {
     const std::int64_t width = c.heads * c.head_dim;
     auto qkv = random_tensor<float>(shape{c.batch, c.seq, 3 * width}, ++stream, -2.0, 2.0);
     const auto parts = split(qkv, width);
     tensor<float, host> out(shape{c.batch, c.seq, width}), lse(shape{c.batch, c.heads, c.seq});
-    k::attention_forward(ctx, parts.q, parts.k, parts.v, out, lse, c.heads);
+    k::attention_forward(exec, parts.q, parts.k, parts.v, out, lse, c.heads);
     std::vector<double> want_out, want_lse;
     attention_reference(to_double(qkv), c, want_out, want_lse);
     INFO("batch " << c.batch << " seq " << c.seq << " heads " << c.heads << " head_dim "
@@ -93,13 +93,13 @@ TEST_CASE("attention_forward equals naive causal attention in double", "[kernels
     quintet::copy(q, parts.q);
     quintet::copy(kk, parts.k);
     quintet::copy(v, parts.v);
-    k::attention_forward(ctx, q, kk, v, out2, lse2, c.heads);
+    k::attention_forward(exec, q, kk, v, out2, lse2, c.heads);
     require_close(out2, to_double(out), 0.0, 0.0, "contiguous vs strided");
   }
 }
 
 TEST_CASE("attention_backward equals finite differences of the forward", "[kernels][attention]") {
-  const execution<host> ctx;
+  const execution<host> exec;
   std::uint64_t stream = 600;
   for (const auto& c :
        {attention_case{1, 1, 1, 2}, attention_case{2, 5, 2, 3}, attention_case{1, 7, 3, 2}}) {
@@ -109,7 +109,7 @@ TEST_CASE("attention_backward equals finite differences of the forward", "[kerne
     const auto parts = split(qkv, width);
     tensor<double, host> out(shape{c.batch, c.seq, width}), lse(shape{c.batch, c.heads, c.seq});
     auto loss = [&] {
-      k::attention_forward(ctx, parts.q, parts.k, parts.v, out, lse, c.heads);
+      k::attention_forward(exec, parts.q, parts.k, parts.v, out, lse, c.heads);
       return weighted_sum(out, w);
     };
     const auto numeric = finite_difference_gradient(qkv, loss);
@@ -117,7 +117,7 @@ TEST_CASE("attention_backward equals finite differences of the forward", "[kerne
     tensor<double, host> dqkv(qkv.shape());
     quintet::fill(dqkv, std::nan(""));  // every element must be written
     const auto grads = split(dqkv, width);
-    k::attention_backward(ctx, parts.q, parts.k, parts.v, out, lse, w, grads.q, grads.k, grads.v,
+    k::attention_backward(exec, parts.q, parts.k, parts.v, out, lse, w, grads.q, grads.k, grads.v,
                           c.heads);
     INFO("batch " << c.batch << " seq " << c.seq << " heads " << c.heads << " head_dim "
                   << c.head_dim);
@@ -126,7 +126,7 @@ TEST_CASE("attention_backward equals finite differences of the forward", "[kerne
 }
 
 TEST_CASE("attention_backward in float agrees with double", "[kernels][attention]") {
-  const execution<host> ctx;
+  const execution<host> exec;
   const attention_case c{2, 19, 2, 8};
   const std::int64_t width = 16;
   auto qkv_d = random_tensor<double>(shape{2, 19, 48}, 1, -2.0, 2.0);
@@ -137,9 +137,9 @@ TEST_CASE("attention_backward in float agrees with double", "[kernels][attention
     using T = decltype(zero);
     const auto p = split(qkv, width);
     tensor<T, host> out(shape{2, 19, 16}), lse(shape{2, 2, 19}), dqkv(qkv.shape());
-    k::attention_forward(ctx, p.q, p.k, p.v, out, lse, c.heads);
+    k::attention_forward(exec, p.q, p.k, p.v, out, lse, c.heads);
     const auto g = split(dqkv, width);
-    k::attention_backward(ctx, p.q, p.k, p.v, out, lse, dout, g.q, g.k, g.v, c.heads);
+    k::attention_backward(exec, p.q, p.k, p.v, out, lse, dout, g.q, g.k, g.v, c.heads);
     return to_double(dqkv);
   };
   const auto want = run(qkv_d, dout_d, 0.0);
@@ -149,28 +149,28 @@ TEST_CASE("attention_backward in float agrees with double", "[kernels][attention
 
 TEST_CASE("attention rejects heads that do not divide the width and misshapen operands",
           "[kernels][attention][errors]") {
-  const execution<host> ctx;
+  const execution<host> exec;
   tensor<float, host> q(shape{2, 4, 12}), out(shape{2, 4, 12}), lse(shape{2, 5, 4});
-  REQUIRE_THROWS_WITH(k::attention_forward(ctx, q, q, q, out, lse, 5),
+  REQUIRE_THROWS_WITH(k::attention_forward(exec, q, q, q, out, lse, 5),
                       Catch::Contains("5 heads do not divide the width 12"));
-  REQUIRE_THROWS_WITH(k::attention_forward(ctx, q, q, q, out, lse, 3),
+  REQUIRE_THROWS_WITH(k::attention_forward(exec, q, q, q, out, lse, 3),
                       Catch::Contains("lse has shape (2, 5, 4), expected (2, 3, 4)"));
   tensor<float, host> k_short(shape{2, 3, 12}), lse3(shape{2, 3, 4});
-  REQUIRE_THROWS_WITH(k::attention_forward(ctx, q, k_short, q, out, lse3, 3),
+  REQUIRE_THROWS_WITH(k::attention_forward(exec, q, k_short, q, out, lse3, 3),
                       Catch::Contains("(2, 4, 12)") && Catch::Contains("(2, 3, 12)"));
   tensor<float, host> flat(shape{8, 12});
-  REQUIRE_THROWS_WITH(k::attention_forward(ctx, flat, flat, flat, flat, lse3, 3),
+  REQUIRE_THROWS_WITH(k::attention_forward(exec, flat, flat, flat, flat, lse3, 3),
                       Catch::Contains("(batch, seq, heads * head_dim) is needed"));
   // A view whose last dimension is strided.
   tensor<float, host> wide(shape{2, 12, 4});
   const quintet::tensor_view<float, host> transposed(wide.data(), shape{2, 4, 12}, {48, 1, 4});
-  REQUIRE_THROWS_WITH(k::attention_forward(ctx, transposed, q, q, out, lse3, 3),
+  REQUIRE_THROWS_WITH(k::attention_forward(exec, transposed, q, q, out, lse3, 3),
                       Catch::Contains("last dimension of q") && Catch::Contains("stride is 4"));
 }
 
 TEST_CASE("bf16 attention (row loops in float) agrees with float attention (products)",
           "[kernels][attention]") {
-  const execution<host> ctx;
+  const execution<host> exec;
   const std::int64_t heads = 2, width = 16;
   auto qkv_f = random_tensor<float>(shape{2, 70, 48}, 31, -2.0, 2.0);  // 70 > one query block
   auto dout_f = random_tensor<float>(shape{2, 70, 16}, 32);
@@ -184,9 +184,9 @@ TEST_CASE("bf16 attention (row loops in float) agrees with float attention (prod
     const auto p = split(qkv, width);
     tensor<T, host> out(shape{2, 70, 16}), dqkv(qkv.shape());
     tensor<float, host> lse(shape{2, 2, 70});
-    k::attention_forward(ctx, p.q, p.k, p.v, out, lse, heads);
+    k::attention_forward(exec, p.q, p.k, p.v, out, lse, heads);
     const auto g = split(dqkv, width);
-    k::attention_backward(ctx, p.q, p.k, p.v, out, lse, dout, g.q, g.k, g.v, heads);
+    k::attention_backward(exec, p.q, p.k, p.v, out, lse, dout, g.q, g.k, g.v, heads);
     out_values = to_double(out);
     return to_double(dqkv);
   };
@@ -330,13 +330,13 @@ const std::vector<block_case> full_cases = {
 TEMPLATE_TEST_CASE("attention_forward with the full mask equals naive attention over every key",
                    "[kernels][attention][blocks]", float, double) {
   using T = TestType;
-  const execution<host> ctx;
+  const execution<host> exec;
   std::uint64_t stream = 700;
   for (const auto& c : full_cases) {
     const block_operands<T> in(c, ++stream);
     tensor<T, host> out(shape{c.batch, c.queries, c.width()});
     tensor<T, host> lse(shape{c.batch, c.heads, c.queries});
-    k::attention_forward(ctx, in.q, in.k, in.v, out, lse, c.heads, k::attention_mask::full);
+    k::attention_forward(exec, in.q, in.k, in.v, out, lse, c.heads, k::attention_mask::full);
     std::vector<double> want_out, want_lse;
     naive_attention(dense(in.q), dense(in.k), dense(in.v), c, every_key, want_out, want_lse);
     INFO("queries " << c.queries << " keys " << c.keys << " heads " << c.heads);
@@ -346,7 +346,7 @@ TEMPLATE_TEST_CASE("attention_forward with the full mask equals naive attention 
 }
 
 TEST_CASE("bf16 attention with the full mask agrees with float", "[kernels][attention][blocks]") {
-  const execution<host> ctx;
+  const execution<host> exec;
   const block_case c{2, 6, 11, 2, 8};
   const block_operands<float> in(c, 40);
   tensor<quintet::bf16, host> q(in.q.shape()), kk(in.k.shape()), v(in.v.shape());
@@ -358,36 +358,36 @@ TEST_CASE("bf16 attention with the full mask agrees with float", "[kernels][atte
   }
   tensor<quintet::bf16, host> out(q.shape());
   tensor<float, host> out_f(q.shape()), lse(shape{2, 2, 6}), lse_f(shape{2, 2, 6});
-  k::attention_forward(ctx, q, kk, v, out, lse, c.heads, k::attention_mask::full);
-  k::attention_forward(ctx, qf, kf, vf, out_f, lse_f, c.heads, k::attention_mask::full);
+  k::attention_forward(exec, q, kk, v, out, lse, c.heads, k::attention_mask::full);
+  k::attention_forward(exec, qf, kf, vf, out_f, lse_f, c.heads, k::attention_mask::full);
   require_close(out, to_double(out_f), 1e-2, 1e-2, "bf16 out");
   require_close(lse, to_double(lse_f), 1e-5, 1e-5, "bf16 lse");
 }
 
 TEST_CASE("attention_forward needs as many keys as queries under the causal mask",
           "[kernels][attention][blocks][errors]") {
-  const execution<host> ctx;
+  const execution<host> exec;
   tensor<float, host> q(shape{2, 4, 6}), kk(shape{2, 5, 6}), out(shape{2, 4, 6}),
       lse(shape{2, 2, 4});
-  REQUIRE_THROWS_WITH(k::attention_forward(ctx, q, kk, kk, out, lse, 2),
+  REQUIRE_THROWS_WITH(k::attention_forward(exec, q, kk, kk, out, lse, 2),
                       Catch::Contains("causal mask needs as many keys as queries"));
   tensor<float, host> narrow_k(shape{2, 5, 4});
   REQUIRE_THROWS_WITH(
-      k::attention_forward(ctx, q, narrow_k, narrow_k, out, lse, 2, k::attention_mask::full),
+      k::attention_forward(exec, q, narrow_k, narrow_k, out, lse, 2, k::attention_mask::full),
       Catch::Contains("need the same batch and width"));
-  k::attention_forward(ctx, q, kk, kk, out, lse, 2, k::attention_mask::full);  // full: fine
+  k::attention_forward(exec, q, kk, kk, out, lse, 2, k::attention_mask::full);  // full: fine
 }
 
 TEMPLATE_TEST_CASE("attention_delta is the per-head sum of dout times out",
                    "[kernels][attention][blocks]", float, double) {
   using T = TestType;
-  const execution<host> ctx;
+  const execution<host> exec;
   const std::int64_t batch = 2, seq = 5, heads = 3, head_dim = 4, width = 12;
   auto wide = random_tensor<T>(shape{batch, seq, 2 * width}, 71);
   const auto dout = quintet::slice(wide, 2, 0, width);
   const auto out = quintet::slice(wide, 2, width, 2 * width);
   tensor<T, host> delta(shape{batch, heads, seq});
-  k::attention_delta(ctx, dout, out, delta, heads);
+  k::attention_delta(exec, dout, out, delta, heads);
   std::vector<double> want;
   const auto a = dense(dout), b = dense(out);
   for (std::int64_t n = 0; n < batch; ++n)
@@ -406,7 +406,7 @@ TEMPLATE_TEST_CASE("attention_delta is the per-head sum of dout times out",
 TEMPLATE_TEST_CASE("attention_backward_block accumulates the naive block gradients",
                    "[kernels][attention][blocks]", float, double) {
   using T = TestType;
-  const execution<host> ctx;
+  const execution<host> exec;
   std::uint64_t stream = 800;
   auto run = [&](const block_case& c, k::attention_mask mask) {
     const block_operands<T> in(c, ++stream);
@@ -414,7 +414,7 @@ TEMPLATE_TEST_CASE("attention_backward_block accumulates the naive block gradien
     // Final lse and delta as a merged result over more keys would give: the block's own lse raised
     // by up to 1 (other blocks' mass), and a random delta.
     tensor<T, host> out(dout.shape()), lse(shape{c.batch, c.heads, c.queries});
-    k::attention_forward(ctx, in.q, in.k, in.v, out, lse, c.heads, mask);
+    k::attention_forward(exec, in.q, in.k, in.v, out, lse, c.heads, mask);
     const auto raise = random_tensor<T>(lse.shape(), ++stream, 0.0, 1.0);
     const auto delta = random_tensor<T>(lse.shape(), ++stream);
     for (std::int64_t i = 0; i < lse.numel(); ++i) lse.data()[i] += raise.data()[i];
@@ -425,7 +425,8 @@ TEMPLATE_TEST_CASE("attention_backward_block accumulates the naive block gradien
     const auto dk = quintet::slice(dkv, 2, 0, c.width());
     const auto dv = quintet::slice(dkv, 2, c.width(), 2 * c.width());
     const auto dq0 = dense(dq), dk0 = dense(dk), dv0 = dense(dv);
-    k::attention_backward_block(ctx, in.q, in.k, in.v, dout, lse, delta, dq, dk, dv, c.heads, mask);
+    k::attention_backward_block(exec, in.q, in.k, in.v, dout, lse, delta, dq, dk, dv, c.heads,
+                                mask);
     std::vector<double> want_dq, want_dk, want_dv;
     naive_backward_block(
         dense(in.q), dense(in.k), dense(in.v), to_double(dout), to_double(lse), to_double(delta), c,
@@ -450,7 +451,7 @@ TEST_CASE("attention_backward_block over a full and a causal block equals finite
   // Queries see a preceding block of keys wholly (full, more keys than queries) and their own
   // block causally, as in ring attention: out = merge(forward(full), forward(causal)). The
   // gradients of both blocks from the final lse and delta must be those of the merged output.
-  const execution<host> ctx;
+  const execution<host> exec;
   const std::int64_t batch = 2, seq = 4, before = 6, heads = 2, width = 6;  // head_dim 3
   auto q = random_tensor<double>(shape{batch, seq, width}, 91, -1.5, 1.5);
   auto kv_before = random_tensor<double>(shape{batch, before, 2 * width}, 92, -1.5, 1.5);
@@ -461,10 +462,10 @@ TEST_CASE("attention_backward_block over a full and a causal block equals finite
   tensor<double, host> out(shape{batch, seq, width}), lse(shape{batch, heads, seq}),
       block_out(out.shape()), block_lse(lse.shape());
   auto loss = [&] {
-    k::attention_forward(ctx, q, k_of(kv_before), v_of(kv_before), out, lse, heads,
+    k::attention_forward(exec, q, k_of(kv_before), v_of(kv_before), out, lse, heads,
                          k::attention_mask::full);
-    k::attention_forward(ctx, q, k_of(kv_self), v_of(kv_self), block_out, block_lse, heads);
-    k::attention_merge(ctx, out, lse, block_out, block_lse, heads);
+    k::attention_forward(exec, q, k_of(kv_self), v_of(kv_self), block_out, block_lse, heads);
+    k::attention_merge(exec, out, lse, block_out, block_lse, heads);
     return weighted_sum(out, w);
   };
   const auto numeric_q = finite_difference_gradient(q, loss);
@@ -473,13 +474,13 @@ TEST_CASE("attention_backward_block over a full and a causal block equals finite
   loss();
   tensor<double, host> delta(lse.shape()), dq(q.shape()), dkv_before(kv_before.shape()),
       dkv_self(kv_self.shape());
-  k::attention_delta(ctx, w, out, delta, heads);
+  k::attention_delta(exec, w, out, delta, heads);
   quintet::fill(dq, 0.0);
   quintet::fill(dkv_before, 0.0);
   quintet::fill(dkv_self, 0.0);
-  k::attention_backward_block(ctx, q, k_of(kv_before), v_of(kv_before), w, lse, delta, dq,
+  k::attention_backward_block(exec, q, k_of(kv_before), v_of(kv_before), w, lse, delta, dq,
                               k_of(dkv_before), v_of(dkv_before), heads, k::attention_mask::full);
-  k::attention_backward_block(ctx, q, k_of(kv_self), v_of(kv_self), w, lse, delta, dq,
+  k::attention_backward_block(exec, q, k_of(kv_self), v_of(kv_self), w, lse, delta, dq,
                               k_of(dkv_self), v_of(dkv_self), heads, k::attention_mask::causal);
   require_close(dq, numeric_q, 1e-6, 1e-8, "dq");
   require_close(dkv_before, numeric_before, 1e-6, 1e-8, "dk, dv of the full block");
@@ -489,7 +490,7 @@ TEST_CASE("attention_backward_block over a full and a causal block equals finite
 TEMPLATE_TEST_CASE("attention_merge of two key blocks equals attention over their concatenation",
                    "[kernels][attention][blocks]", float, double) {
   using T = TestType;
-  const execution<host> ctx;
+  const execution<host> exec;
   const std::int64_t batch = 2, queries = 5, first = 4, second = 7, heads = 2, width = 6;
   const block_case both{batch, queries, first + second, heads, 3};
   const block_operands<T> in(both, 61);
@@ -497,14 +498,14 @@ TEMPLATE_TEST_CASE("attention_merge of two key blocks equals attention over thei
   const auto k2 = quintet::slice(in.k, 1, first, first + second),
              v2 = quintet::slice(in.v, 1, first, first + second);
   tensor<T, host> want(shape{batch, queries, width}), want_lse(shape{batch, heads, queries});
-  k::attention_forward(ctx, in.q, in.k, in.v, want, want_lse, heads, k::attention_mask::full);
+  k::attention_forward(exec, in.q, in.k, in.v, want, want_lse, heads, k::attention_mask::full);
   tensor<T, host> block_out(want.shape()), block_lse(want_lse.shape());
 
   SECTION("the first block's result, merged with the second's") {
     tensor<T, host> out(want.shape()), lse(want_lse.shape());
-    k::attention_forward(ctx, in.q, k1, v1, out, lse, heads, k::attention_mask::full);
-    k::attention_forward(ctx, in.q, k2, v2, block_out, block_lse, heads, k::attention_mask::full);
-    k::attention_merge(ctx, out, lse, block_out, block_lse, heads);
+    k::attention_forward(exec, in.q, k1, v1, out, lse, heads, k::attention_mask::full);
+    k::attention_forward(exec, in.q, k2, v2, block_out, block_lse, heads, k::attention_mask::full);
+    k::attention_merge(exec, out, lse, block_out, block_lse, heads);
     require_close(out, to_double(want), block_rtol<T> * 10, block_atol<T> * 10, "merged out");
     require_close(lse, to_double(want_lse), block_rtol<T> * 10, block_atol<T> * 10, "merged lse");
   }
@@ -513,18 +514,18 @@ TEMPLATE_TEST_CASE("attention_merge of two key blocks equals attention over thei
     quintet::fill(out, std::numeric_limits<T>::quiet_NaN());
     quintet::fill(lse, -std::numeric_limits<T>::infinity());
     for (const auto& [kk, v] : {std::pair{k2, v2}, std::pair{k1, v1}}) {
-      k::attention_forward(ctx, in.q, kk, v, block_out, block_lse, heads, k::attention_mask::full);
-      k::attention_merge(ctx, out, lse, block_out, block_lse, heads);
+      k::attention_forward(exec, in.q, kk, v, block_out, block_lse, heads, k::attention_mask::full);
+      k::attention_merge(exec, out, lse, block_out, block_lse, heads);
     }
     require_close(out, to_double(want), block_rtol<T> * 10, block_atol<T> * 10, "merged out");
     require_close(lse, to_double(want_lse), block_rtol<T> * 10, block_atol<T> * 10, "merged lse");
     // A block of no keys (out 0, lse -inf) changes nothing.
-    k::attention_forward(ctx, in.q, quintet::slice(in.k, 1, 0, 0), quintet::slice(in.v, 1, 0, 0),
+    k::attention_forward(exec, in.q, quintet::slice(in.k, 1, 0, 0), quintet::slice(in.v, 1, 0, 0),
                          block_out, block_lse, heads, k::attention_mask::full);
     REQUIRE(to_double(block_lse) ==
             std::vector<double>(block_lse.numel(), -std::numeric_limits<double>::infinity()));
     const auto before = to_double(out);
-    k::attention_merge(ctx, out, lse, block_out, block_lse, heads);
+    k::attention_merge(exec, out, lse, block_out, block_lse, heads);
     REQUIRE(to_double(out) == before);
   }
   SECTION("against the merge formula in double on arbitrary values") {
@@ -546,7 +547,7 @@ TEMPLATE_TEST_CASE("attention_merge of two key blocks equals attention over thei
                          o[at] * std::exp(ol[r] - expect_lse[r]);
           }
         }
-    k::attention_merge(ctx, out, lse, other, other_lse, heads);
+    k::attention_merge(exec, out, lse, other, other_lse, heads);
     require_close(out, expect, block_rtol<T>, block_atol<T>, "out");
     require_close(lse, expect_lse, block_rtol<T>, block_atol<T>, "lse");
   }

@@ -55,7 +55,7 @@ double cross_entropy_reference(const std::vector<double>& logits,
 
 TEST_CASE("cross_entropy_forward equals the double log-softmax loss, ignoring padding",
           "[kernels][cross_entropy]") {
-  const execution<host> ctx;
+  const execution<host> exec;
   std::uint64_t stream = 700;
   for (const auto& [s, vocab] :
        {std::pair{shape{1}, std::int64_t{1}}, std::pair{shape{3}, std::int64_t{17}},
@@ -67,7 +67,7 @@ TEST_CASE("cross_entropy_forward equals the double log-softmax loss, ignoring pa
                                          -spread, spread);
       const auto targets = random_targets(s, vocab, ++stream, 5, -100);
       tensor<float, host> lse(s);
-      const auto result = k::cross_entropy_forward(ctx, logits, targets, lse, -100);
+      const auto result = k::cross_entropy_forward(exec, logits, targets, lse, -100);
       std::int64_t count = 0;
       const double want = cross_entropy_reference(to_double(logits), targets, vocab, -100, count);
       INFO("shape " << s.to_string() << " vocab " << vocab << " spread " << spread);
@@ -80,49 +80,49 @@ TEST_CASE("cross_entropy_forward equals the double log-softmax loss, ignoring pa
 
 TEST_CASE("cross_entropy_backward is the gradient of the mean loss (finite differences)",
           "[kernels][cross_entropy]") {
-  const execution<host> ctx;
+  const execution<host> exec;
   for (const std::int64_t vocab : {std::int64_t{1}, std::int64_t{7}, std::int64_t{33}}) {
     auto logits = random_tensor<double>(shape{2, 3, vocab}, 20 + vocab, -2.0, 2.0);
     const auto targets = random_targets(shape{2, 3}, vocab, 30 + vocab, 4, k::no_target);
     tensor<double, host> lse(shape{2, 3});
-    auto loss = [&] { return k::cross_entropy_forward(ctx, logits, targets, lse).mean(); };
+    auto loss = [&] { return k::cross_entropy_forward(exec, logits, targets, lse).mean(); };
     const auto numeric = finite_difference_gradient(logits, loss);
-    const auto result = k::cross_entropy_forward(ctx, logits, targets, lse);
+    const auto result = k::cross_entropy_forward(exec, logits, targets, lse);
     REQUIRE(result.count == 5);  // one row of six is padding
     tensor<double, host> dlogits(logits.shape());
-    k::cross_entropy_backward(ctx, logits, targets, lse, dlogits, 1.0 / result.count);
+    k::cross_entropy_backward(exec, logits, targets, lse, dlogits, 1.0 / result.count);
     INFO("vocab " << vocab);
     require_close(dlogits, numeric, 1e-6, 1e-8, "dlogits");
   }
 }
 
 TEST_CASE("cross_entropy rejects bad targets and shapes", "[kernels][cross_entropy][errors]") {
-  const execution<host> ctx;
+  const execution<host> exec;
   auto logits = random_tensor<float>(shape{4, 10}, 1);
   tensor<float, host> lse(shape{4});
   tensor<std::int32_t, host> targets(shape{4});
   for (std::int64_t i = 0; i < 4; ++i) targets.data()[i] = static_cast<std::int32_t>(i);
   targets.data()[2] = 10;
-  REQUIRE_THROWS_WITH(k::cross_entropy_forward(ctx, logits, targets, lse),
+  REQUIRE_THROWS_WITH(k::cross_entropy_forward(exec, logits, targets, lse),
                       Catch::Contains("target 10 of row 2 is outside the vocabulary [0, 10)"));
   tensor<std::int32_t, host> short_targets(shape{3});
-  REQUIRE_THROWS_WITH(k::cross_entropy_forward(ctx, logits, short_targets, lse),
+  REQUIRE_THROWS_WITH(k::cross_entropy_forward(exec, logits, short_targets, lse),
                       Catch::Contains("targets has shape (3,), expected (4,)"));
   tensor<float, host> dlogits(shape{4, 9});
   targets.data()[2] = 1;
-  REQUIRE_THROWS_WITH(k::cross_entropy_backward(ctx, logits, targets, lse, dlogits, 1.0),
+  REQUIRE_THROWS_WITH(k::cross_entropy_backward(exec, logits, targets, lse, dlogits, 1.0),
                       Catch::Contains("(4, 10)") && Catch::Contains("(4, 9)"));
 }
 
 TEST_CASE("embedding_forward gathers token and position rows", "[kernels][embedding]") {
-  const execution<host> ctx;
+  const execution<host> exec;
   const std::int64_t vocab = 13, positions = 9, width = 5;
   auto token_table = random_tensor<float>(shape{vocab, width}, 1);
   auto position_table = random_tensor<float>(shape{positions, width}, 2);
   const auto tokens = random_targets(shape{3, 4}, vocab, 3, 0, 0);
   for (const std::int64_t offset : {0, 5}) {
     tensor<float, host> out(shape{3, 4, width});
-    k::embedding_forward(ctx, tokens, token_table, position_table, out, offset);
+    k::embedding_forward(exec, tokens, token_table, position_table, out, offset);
     std::vector<double> want;
     for (std::int64_t b = 0; b < 3; ++b)
       for (std::int64_t s = 0; s < 4; ++s)
@@ -135,7 +135,7 @@ TEST_CASE("embedding_forward gathers token and position rows", "[kernels][embedd
 
 TEST_CASE("embedding_backward scatter-adds and matches finite differences",
           "[kernels][embedding]") {
-  const execution<host> ctx;
+  const execution<host> exec;
   const std::int64_t vocab = 6, positions = 5, width = 3;
   auto token_table = random_tensor<double>(shape{vocab, width}, 1);
   auto position_table = random_tensor<double>(shape{positions, width}, 2);
@@ -144,7 +144,7 @@ TEST_CASE("embedding_backward scatter-adds and matches finite differences",
   auto w = random_tensor<double>(shape{2, 4, width}, 5);
   tensor<double, host> out(shape{2, 4, width});
   auto loss = [&] {
-    k::embedding_forward(ctx, tokens, token_table, position_table, out, 1);
+    k::embedding_forward(exec, tokens, token_table, position_table, out, 1);
     return weighted_sum(out, w);
   };
   const auto dtoken_numeric = finite_difference_gradient(token_table, loss);
@@ -152,33 +152,33 @@ TEST_CASE("embedding_backward scatter-adds and matches finite differences",
   tensor<double, host> dtoken(token_table.shape()), dposition(position_table.shape());
   quintet::fill(dtoken, 0.0);
   quintet::fill(dposition, 0.0);
-  k::embedding_backward(ctx, tokens, w, dtoken, dposition, 1);
+  k::embedding_backward(exec, tokens, w, dtoken, dposition, 1);
   require_close(dtoken, dtoken_numeric, 1e-7, 1e-8, "dtoken_table");
   require_close(dposition, dposition_numeric, 1e-7, 1e-8, "dposition_table");
 }
 
 TEST_CASE("embedding rejects bad ids and sequences longer than the position table",
           "[kernels][embedding][errors]") {
-  const execution<host> ctx;
+  const execution<host> exec;
   tensor<float, host> token_table(shape{10, 4}), position_table(shape{8, 4}), out(shape{2, 6, 4});
   quintet::fill(token_table, 0.5f);
   quintet::fill(position_table, 0.25f);
   tensor<std::int32_t, host> tokens(shape{2, 6});
   quintet::fill(tokens, 3);
-  REQUIRE_THROWS_WITH(k::embedding_forward(ctx, tokens, token_table, position_table, out, 3),
+  REQUIRE_THROWS_WITH(k::embedding_forward(exec, tokens, token_table, position_table, out, 3),
                       Catch::Contains("positions [3, 9) of a sequence of 6 exceed the position "
                                       "table of 8 positions"));
   tokens(1, 4) = 10;
   REQUIRE_THROWS_WITH(
-      k::embedding_forward(ctx, tokens, token_table, position_table, out),
+      k::embedding_forward(exec, tokens, token_table, position_table, out),
       Catch::Contains("token 10 at (batch 1, position 4) is outside the vocabulary [0, 10)"));
   tensor<float, host> dtoken(shape{10, 4});
   quintet::fill(dtoken, 0.0f);
-  REQUIRE_THROWS(k::embedding_backward(ctx, tokens, out, dtoken, position_table));
+  REQUIRE_THROWS(k::embedding_backward(exec, tokens, out, dtoken, position_table));
   for (std::int64_t i = 0; i < dtoken.numel(); ++i) REQUIRE(dtoken.data()[i] == 0.0f);  // untouched
   tensor<float, host> narrow_positions(shape{8, 3});
   tokens(1, 4) = 1;
-  REQUIRE_THROWS_WITH(k::embedding_forward(ctx, tokens, token_table, narrow_positions, out),
+  REQUIRE_THROWS_WITH(k::embedding_forward(exec, tokens, token_table, narrow_positions, out),
                       Catch::Contains("differ in width"));
 }
 
@@ -229,7 +229,7 @@ TEMPLATE_TEST_CASE(
   const double lse_tol = is_float ? 4e-6 : 1e-12;
   const double loss_rtol = is_float ? 1e-5 : 1e-12;
   const double grad_rtol = is_float ? 2e-5 : 1e-11;
-  const execution<host> ctx;
+  const execution<host> exec;
   const std::int32_t ignore = -100;
   std::uint64_t stream = 900;
   for (const auto& [vocab, tp] : {std::pair{std::int64_t{7}, 1}, std::pair{std::int64_t{8}, 2},
@@ -254,7 +254,7 @@ TEMPLATE_TEST_CASE(
       quintet::fill(row_max, -std::numeric_limits<acc>::infinity());
       for (int r = 0; r < tp; ++r) {
         tensor<acc, host> local(shape{rows});
-        k::cross_entropy_shard_max(ctx, blocks[r], local, valid_of(r));
+        k::cross_entropy_shard_max(exec, blocks[r], local, valid_of(r));
         for (std::int64_t i = 0; i < rows; ++i) {
           if (valid_of(r) == 0) REQUIRE(local(i) == -std::numeric_limits<acc>::infinity());
           row_max(i) = std::max(row_max(i), local(i));
@@ -269,7 +269,7 @@ TEMPLATE_TEST_CASE(
       quintet::fill(partials, acc(0));
       for (int r = 0; r < tp; ++r) {
         tensor<acc, host> local(shape{rows, 2});
-        k::cross_entropy_shard_partials(ctx, blocks[r], targets, row_max, local, r * columns,
+        k::cross_entropy_shard_partials(exec, blocks[r], targets, row_max, local, r * columns,
                                         valid_of(r), ignore);
         for (std::int64_t i = 0; i < 2 * rows; ++i) partials.data()[i] += local.data()[i];
       }
@@ -293,7 +293,7 @@ TEMPLATE_TEST_CASE(
       // 3. lse and the loss.
       tensor<acc, host> lse(shape{rows});
       const auto result =
-          k::cross_entropy_shard_finish(ctx, targets, row_max, partials, lse, vocab, ignore);
+          k::cross_entropy_shard_finish(exec, targets, row_max, partials, lse, vocab, ignore);
       std::int64_t count = 0;
       const double want_loss = cross_entropy_reference(full, targets, vocab, ignore, count);
       REQUIRE(result.count == count);
@@ -305,7 +305,7 @@ TEMPLATE_TEST_CASE(
       for (int r = 0; r < tp; ++r) {
         tensor<T, host> dlogits(shape{rows, columns});
         quintet::fill(dlogits, T(7));  // every element must be written
-        k::cross_entropy_shard_backward(ctx, blocks[r], targets, lse, dlogits, scale, r * columns,
+        k::cross_entropy_shard_backward(exec, blocks[r], targets, lse, dlogits, scale, r * columns,
                                         valid_of(r), ignore);
         std::vector<double> want;
         for (std::int64_t i = 0; i < rows; ++i)
@@ -325,29 +325,29 @@ TEMPLATE_TEST_CASE(
 
 TEST_CASE("cross_entropy shard kernels reject bad targets and inconsistent shards",
           "[kernels][cross_entropy][vocab_parallel][errors]") {
-  const execution<host> ctx;
+  const execution<host> exec;
   auto logits = random_tensor<float>(shape{4, 3}, 11);
   tensor<std::int32_t, host> targets(shape{4});
   for (std::int64_t i = 0; i < 4; ++i) targets.data()[i] = static_cast<std::int32_t>(i);
   targets.data()[1] = 5;  // a padding id of vocabulary 5 padded to 6
   tensor<float, host> row_max(shape{4}), lse(shape{4}), partials(shape{4, 2});
-  k::cross_entropy_shard_max(ctx, logits, row_max, 3);
-  k::cross_entropy_shard_partials(ctx, logits, targets, row_max, partials, 3, 2);
-  REQUIRE_THROWS_WITH(k::cross_entropy_shard_finish(ctx, targets, row_max, partials, lse, 5),
+  k::cross_entropy_shard_max(exec, logits, row_max, 3);
+  k::cross_entropy_shard_partials(exec, logits, targets, row_max, partials, 3, 2);
+  REQUIRE_THROWS_WITH(k::cross_entropy_shard_finish(exec, targets, row_max, partials, lse, 5),
                       Catch::Contains("target 5 of row 1 is outside the vocabulary [0, 5) and is "
                                       "not the ignore index -1"));
-  REQUIRE_THROWS_WITH(k::cross_entropy_shard_max(ctx, logits, row_max, 4),
+  REQUIRE_THROWS_WITH(k::cross_entropy_shard_max(exec, logits, row_max, 4),
                       Catch::Contains("a shard of 3 columns cannot hold 4 valid vocabulary ids"));
   tensor<float, host> flat_partials(shape{4});
   REQUIRE_THROWS_WITH(
-      k::cross_entropy_shard_partials(ctx, logits, targets, row_max, flat_partials, 0, 3),
+      k::cross_entropy_shard_partials(exec, logits, targets, row_max, flat_partials, 0, 3),
       Catch::Contains("partials has shape (4,), expected (4, 2)"));
 }
 
 TEMPLATE_TEST_CASE("token_embedding over a vocabulary range gathers its own ids and zeros others",
                    "[kernels][embedding][vocab_parallel]", float, double) {
   using T = TestType;
-  const execution<host> ctx;
+  const execution<host> exec;
   const std::int64_t vocab = 12, width = 5, begin = 4, rows = 4;
   const auto full_table = random_tensor<T>(shape{vocab, width}, 31);
   tensor<T, host> table(shape{rows, width});  // ids [4, 8)
@@ -356,7 +356,7 @@ TEMPLATE_TEST_CASE("token_embedding over a vocabulary range gathers its own ids 
   const auto tokens = random_targets(shape{3, 7}, vocab, 32, 0, 0);
   tensor<T, host> out(shape{3, 7, width});
   quintet::fill(out, T(9));
-  k::token_embedding_forward(ctx, tokens, table, out, begin);
+  k::token_embedding_forward(exec, tokens, table, out, begin);
   std::vector<double> want;
   for (std::int64_t i = 0; i < tokens.numel(); ++i) {
     const std::int32_t t = tokens.data()[i];
@@ -375,7 +375,7 @@ TEMPLATE_TEST_CASE("token_embedding over a vocabulary range gathers its own ids 
     for (std::int64_t c = 0; c < width; ++c)
       want_dtable[(t - begin) * width + c] += static_cast<double>(dout.data()[i * width + c]);
   }
-  k::token_embedding_backward(ctx, tokens, dout, dtable, begin);
+  k::token_embedding_backward(exec, tokens, dout, dtable, begin);
   // float: a row is a running float sum of at most 21 terms of |x| < 1.
   require_close(dtable, want_dtable, std::is_same_v<T, float> ? 1e-6 : 1e-15,
                 std::is_same_v<T, float> ? 1e-6 : 1e-15, "token_embedding_backward");
@@ -383,17 +383,17 @@ TEMPLATE_TEST_CASE("token_embedding over a vocabulary range gathers its own ids 
 
 TEST_CASE("token_embedding shards sum to the whole lookup, exactly",
           "[kernels][embedding][vocab_parallel]") {
-  const execution<host> ctx;
+  const execution<host> exec;
   const std::int64_t vocab = 10, width = 3, tp = 4, rows = 3;  // padded to 12: rank 3 holds 1 id
   auto table = random_tensor<float>(shape{tp * rows, width}, 41);
   const auto tokens = random_targets(shape{2, 9}, vocab, 42, 0, 0);
   tensor<float, host> whole(shape{2, 9, width}), sum(shape{2, 9, width}), part(shape{2, 9, width});
   quintet::fill(sum, 0.0f);
-  k::token_embedding_forward(ctx, tokens, table, whole);
+  k::token_embedding_forward(exec, tokens, table, whole);
   for (std::int64_t r = 0; r < tp; ++r) {
     tensor<float, host> shard(shape{rows, width});
     std::copy(table.data() + r * rows * width, table.data() + (r + 1) * rows * width, shard.data());
-    k::token_embedding_forward(ctx, tokens, shard, part, r * rows);
+    k::token_embedding_forward(exec, tokens, shard, part, r * rows);
     for (std::int64_t i = 0; i < sum.numel(); ++i) sum.data()[i] += part.data()[i];
   }
   for (std::int64_t i = 0; i < sum.numel(); ++i) REQUIRE(sum.data()[i] == whole.data()[i]);
@@ -402,7 +402,7 @@ TEST_CASE("token_embedding shards sum to the whole lookup, exactly",
 TEMPLATE_TEST_CASE("position embeddings alone: add_position_embedding and its backward",
                    "[kernels][embedding]", float, double) {
   using T = TestType;
-  const execution<host> ctx;
+  const execution<host> exec;
   const std::int64_t batch = 3, seq = 4, width = 5, positions = 9, offset = 3;
   const auto table = random_tensor<T>(shape{positions, width}, 51);
   auto out = random_tensor<T>(shape{batch, seq, width}, 52);
@@ -411,7 +411,7 @@ TEMPLATE_TEST_CASE("position embeddings alone: add_position_embedding and its ba
     for (std::int64_t s = 0; s < seq; ++s)
       for (std::int64_t c = 0; c < width; ++c)
         want[(b * seq + s) * width + c] += static_cast<double>(table(offset + s, c));
-  k::add_position_embedding(ctx, table, out, offset);
+  k::add_position_embedding(exec, table, out, offset);
   // One rounding of a sum of two |x| < 1.
   const double tol = std::is_same_v<T, float> ? 2.5e-7 : 1e-16;
   require_close(out, want, tol, tol, "add_position_embedding");
@@ -424,25 +424,25 @@ TEMPLATE_TEST_CASE("position embeddings alone: add_position_embedding and its ba
       for (std::int64_t c = 0; c < width; ++c)
         want_dtable[(offset + s) * width + c] +=
             static_cast<double>(dout.data()[(b * seq + s) * width + c]);
-  k::position_embedding_backward(ctx, dout, dtable, offset);
+  k::position_embedding_backward(exec, dout, dtable, offset);
   const double sum_tol = std::is_same_v<T, float> ? 1e-6 : 1e-15;  // 4 terms, float
   require_close(dtable, want_dtable, sum_tol, sum_tol, "position_embedding_backward");
 
-  REQUIRE_THROWS_WITH(k::add_position_embedding(ctx, table, out, 6),
+  REQUIRE_THROWS_WITH(k::add_position_embedding(exec, table, out, 6),
                       Catch::Contains("positions [6, 10) of a sequence of 4 exceed the position "
                                       "table of 9 positions"));
 }
 
 TEST_CASE("embedding_forward is token_embedding_forward then add_position_embedding, bit for bit",
           "[kernels][embedding]") {
-  const execution<host> ctx;
+  const execution<host> exec;
   const auto token_table = random_tensor<float>(shape{11, 6}, 61);
   const auto position_table = random_tensor<float>(shape{8, 6}, 62);
   const auto tokens = random_targets(shape{2, 5}, 11, 63, 0, 0);
   tensor<float, host> fused(shape{2, 5, 6}), split(shape{2, 5, 6});
-  k::embedding_forward(ctx, tokens, token_table, position_table, fused, 2);
-  k::token_embedding_forward(ctx, tokens, token_table, split);
-  k::add_position_embedding(ctx, position_table, split, 2);
+  k::embedding_forward(exec, tokens, token_table, position_table, fused, 2);
+  k::token_embedding_forward(exec, tokens, token_table, split);
+  k::add_position_embedding(exec, position_table, split, 2);
   for (std::int64_t i = 0; i < fused.numel(); ++i) REQUIRE(split.data()[i] == fused.data()[i]);
 
   tensor<float, host> dtoken_fused(shape{11, 6}), dposition_fused(shape{8, 6});
@@ -450,9 +450,9 @@ TEST_CASE("embedding_forward is token_embedding_forward then add_position_embedd
   for (auto* t : {&dtoken_fused, &dposition_fused, &dtoken_split, &dposition_split})
     quintet::fill(*t, 0.5f);
   const auto dout = random_tensor<float>(shape{2, 5, 6}, 64);
-  k::embedding_backward(ctx, tokens, dout, dtoken_fused, dposition_fused, 2);
-  k::token_embedding_backward(ctx, tokens, dout, dtoken_split);
-  k::position_embedding_backward(ctx, dout, dposition_split, 2);
+  k::embedding_backward(exec, tokens, dout, dtoken_fused, dposition_fused, 2);
+  k::token_embedding_backward(exec, tokens, dout, dtoken_split);
+  k::position_embedding_backward(exec, dout, dposition_split, 2);
   for (std::int64_t i = 0; i < dtoken_fused.numel(); ++i)
     REQUIRE(dtoken_split.data()[i] == dtoken_fused.data()[i]);
   for (std::int64_t i = 0; i < dposition_fused.numel(); ++i)

@@ -96,7 +96,7 @@ const std::vector<matmul_options> option_sets = {
 
 template <class T>
 void check_all(const char* what, double tolerance, bool portable) {
-  const execution<host> ctx;
+  const execution<host> exec;
   std::uint64_t stream = 100;
   for (const auto& p : problems)
     for (const auto& o : option_sets) {
@@ -105,9 +105,9 @@ void check_all(const char* what, double tolerance, bool portable) {
           p, o, tolerance,
           [&](const auto& a, const auto& b, auto& c, const matmul_options& opts) {
             if (portable) {
-              quintet::kernels::matmul_portable(ctx, a, b, c, opts);
+              quintet::kernels::matmul_portable(exec, a, b, c, opts);
             } else {
-              quintet::kernels::matmul(ctx, a, b, c, opts);
+              quintet::kernels::matmul(exec, a, b, c, opts);
             }
           },
           stream += 3);
@@ -159,13 +159,13 @@ TEST_CASE("every instruction set of the portable kernel this CPU runs gives the 
 }
 
 TEST_CASE("matmul with beta = 0 ignores NaN already in C", "[kernels][matmul]") {
-  const execution<host> ctx;
+  const execution<host> exec;
   auto a = random_tensor<float>(shape{5, 7}, 1);
   auto b = random_tensor<float>(shape{7, 3}, 2);
   tensor<float, host> c1(shape{5, 3}), c2(shape{5, 3});
   for (std::int64_t i = 0; i < 15; ++i) c1.data()[i] = c2.data()[i] = NAN;
-  quintet::kernels::matmul(ctx, a, b, c1);
-  quintet::kernels::matmul_portable(ctx, a, b, c2);
+  quintet::kernels::matmul(exec, a, b, c1);
+  quintet::kernels::matmul_portable(exec, a, b, c2);
   for (std::int64_t i = 0; i < 15; ++i) {
     REQUIRE(std::isfinite(c1.data()[i]));
     REQUIRE(c1.data()[i] == Approx(c2.data()[i]).epsilon(1e-5));
@@ -173,25 +173,25 @@ TEST_CASE("matmul with beta = 0 ignores NaN already in C", "[kernels][matmul]") 
 }
 
 TEST_CASE("matmul rejects operands that do not fit together", "[kernels][matmul][errors]") {
-  const execution<host> ctx;
+  const execution<host> exec;
   tensor<float, host> a(shape{4, 5}), b(shape{6, 3}), c(shape{4, 3});
-  REQUIRE_THROWS_WITH(quintet::kernels::matmul(ctx, a, b, c),
+  REQUIRE_THROWS_WITH(quintet::kernels::matmul(exec, a, b, c),
                       Catch::Contains("inner dimensions differ") && Catch::Contains("(4, 5)") &&
                           Catch::Contains("(6, 3)"));
   tensor<float, host> b_ok(shape{5, 3}), c_bad(shape{4, 4});
-  REQUIRE_THROWS_WITH(quintet::kernels::matmul(ctx, a, b_ok, c_bad),
+  REQUIRE_THROWS_WITH(quintet::kernels::matmul(exec, a, b_ok, c_bad),
                       Catch::Contains("C has shape (4, 4)") && Catch::Contains("(4, 3)"));
   tensor<float, host> a3(shape{2, 4, 5}), b3(shape{3, 5, 3}), c3(shape{2, 4, 3});
-  REQUIRE_THROWS_WITH(quintet::kernels::matmul(ctx, a3, b3, c3),
+  REQUIRE_THROWS_WITH(quintet::kernels::matmul(exec, a3, b3, c3),
                       Catch::Contains("batch dimension 0 differs"));
   tensor<float, host> wide(shape{4, 10});
-  REQUIRE_THROWS_WITH(quintet::kernels::matmul(ctx, quintet::slice(wide, 1, 0, 5), b_ok, c),
+  REQUIRE_THROWS_WITH(quintet::kernels::matmul(exec, quintet::slice(wide, 1, 0, 5), b_ok, c),
                       Catch::Contains("A of shape (4, 5) must be contiguous"));
   tensor<float, host> vector(shape{5});
-  REQUIRE_THROWS_WITH(quintet::kernels::matmul(ctx, a, vector, c),
+  REQUIRE_THROWS_WITH(quintet::kernels::matmul(exec, a, vector, c),
                       Catch::Contains("rank 2 or more"));
   tensor<float, host> square(shape{4, 4});
-  REQUIRE_THROWS_WITH(quintet::kernels::matmul(ctx, square, square.view(), square),
+  REQUIRE_THROWS_WITH(quintet::kernels::matmul(exec, square, square.view(), square),
                       Catch::Contains("must not share memory"));
   REQUIRE_THROWS_WITH(execution<host>(0), Catch::Contains("at least one thread, got 0"));
 }

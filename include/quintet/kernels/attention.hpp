@@ -38,28 +38,29 @@ struct attention_engine {
 template <>
 struct attention_engine<host> {
   template <class T, class Acc>
-  static void forward(const execution<host>& ctx, host_impl::rows3<const T> q,
+  static void forward(const execution<host>& exec, host_impl::rows3<const T> q,
                       host_impl::rows3<const T> k, host_impl::rows3<const T> v,
                       host_impl::rows3<T> out, Acc* lse, host_impl::attention_sizes n, Acc scale,
                       attention_mask mask) {
-    host_impl::attention_forward(ctx, q, k, v, out, lse, n, scale, mask);
+    host_impl::attention_forward(exec, q, k, v, out, lse, n, scale, mask);
   }
   template <class T, class Acc>
-  static void backward(const execution<host>& ctx, host_impl::rows3<const T> q,
+  static void backward(const execution<host>& exec, host_impl::rows3<const T> q,
                        host_impl::rows3<const T> k, host_impl::rows3<const T> v,
                        host_impl::rows3<const T> out, const Acc* lse,
                        host_impl::rows3<const T> dout, host_impl::rows3<T> dq,
                        host_impl::rows3<T> dk, host_impl::rows3<T> dv, host_impl::attention_sizes n,
                        Acc scale) {
-    host_impl::attention_backward(ctx, q, k, v, out, lse, dout, dq, dk, dv, n, scale);
+    host_impl::attention_backward(exec, q, k, v, out, lse, dout, dq, dk, dv, n, scale);
   }
   template <class T, class Acc>
-  static void backward_block(const execution<host>& ctx, host_impl::rows3<const T> q,
+  static void backward_block(const execution<host>& exec, host_impl::rows3<const T> q,
                              host_impl::rows3<const T> k, host_impl::rows3<const T> v,
                              host_impl::rows3<const T> dout, const Acc* lse, const Acc* delta,
                              host_impl::rows3<T> dq, host_impl::rows3<T> dk, host_impl::rows3<T> dv,
                              host_impl::attention_sizes n, Acc scale, attention_mask mask) {
-    host_impl::attention_backward_block(ctx, q, k, v, dout, lse, delta, dq, dk, dv, n, scale, mask);
+    host_impl::attention_backward_block(exec, q, k, v, dout, lse, delta, dq, dk, dv, n, scale,
+                                        mask);
   }
   template <class T, class Acc>
   static void delta(const execution<host>&, host_impl::rows3<const T> dout,
@@ -127,7 +128,7 @@ Scale attention_scale(const Sizes& n) {
 // query's log-sum-exp for backward. causal (the default): k and v have q's shape. full: k and v
 // are (batch, keys, width) for any number of keys; out is like q.
 template <device_tag Device, class Q, class K, class V, class Out, class Lse>
-void attention_forward(const execution<Device>& ctx, const Q& q, const K& k, const V& v, Out&& out,
+void attention_forward(const execution<Device>& exec, const Q& q, const K& k, const V& v, Out&& out,
                        Lse&& lse, std::int64_t heads,
                        attention_mask mask = attention_mask::causal) {
   const char* kernel = "attention_forward";
@@ -152,7 +153,7 @@ void attention_forward(const execution<Device>& ctx, const Q& q, const K& k, con
   check_same_device(qv, ov, kernel);
   check_same_device(qv, lv, kernel);
   attention_engine<Device>::forward(
-      ctx, detail::attention_rows(qv, kernel, "q"), detail::attention_rows(kv, kernel, "k"),
+      exec, detail::attention_rows(qv, kernel, "q"), detail::attention_rows(kv, kernel, "k"),
       detail::attention_rows(vv, kernel, "v"), detail::attention_rows(ov, kernel, "out"), lv.data(),
       n, detail::attention_scale<acc>(n), mask);
 }
@@ -161,7 +162,7 @@ void attention_forward(const execution<Device>& ctx, const Q& q, const K& k, con
 // (they may be slices of one fused gradient tensor).
 template <device_tag Device, class Q, class K, class V, class Out, class Lse, class DOut, class DQ,
           class DK, class DV>
-void attention_backward(const execution<Device>& ctx, const Q& q, const K& k, const V& v,
+void attention_backward(const execution<Device>& exec, const Q& q, const K& k, const V& v,
                         const Out& out, const Lse& lse, const DOut& dout, DQ&& dq, DK&& dk, DV&& dv,
                         std::int64_t heads) {
   const char* kernel = "attention_backward";
@@ -192,7 +193,7 @@ void attention_backward(const execution<Device>& ctx, const Q& q, const K& k, co
   check_same_device(qv, dkv, kernel);
   check_same_device(qv, dvv, kernel);
   attention_engine<Device>::backward(
-      ctx, detail::attention_rows(qv, kernel, "q"), detail::attention_rows(kv, kernel, "k"),
+      exec, detail::attention_rows(qv, kernel, "q"), detail::attention_rows(kv, kernel, "k"),
       detail::attention_rows(vv, kernel, "v"), detail::attention_rows(ov, kernel, "out"), lv.data(),
       detail::attention_rows(dov, kernel, "dout"), detail::attention_rows(dqv, kernel, "dq"),
       detail::attention_rows(dkv, kernel, "dk"), detail::attention_rows(dvv, kernel, "dv"), n,
@@ -207,7 +208,7 @@ void attention_backward(const execution<Device>& ctx, const Q& q, const K& k, co
 // dq, dk, dv are accumulated into, so the blocks' contributions add up.
 template <device_tag Device, class Q, class K, class V, class DOut, class Lse, class Delta,
           class DQ, class DK, class DV>
-void attention_backward_block(const execution<Device>& ctx, const Q& q, const K& k, const V& v,
+void attention_backward_block(const execution<Device>& exec, const Q& q, const K& k, const V& v,
                               const DOut& dout, const Lse& lse, const Delta& delta, DQ&& dq,
                               DK&& dk, DV&& dv, std::int64_t heads, attention_mask mask) {
   const char* kernel = "attention_backward_block";
@@ -244,7 +245,7 @@ void attention_backward_block(const execution<Device>& ctx, const Q& q, const K&
   check_same_device(qv, dkv, kernel);
   check_same_device(qv, dvv, kernel);
   attention_engine<Device>::backward_block(
-      ctx, detail::attention_rows(qv, kernel, "q"), detail::attention_rows(kv, kernel, "k"),
+      exec, detail::attention_rows(qv, kernel, "q"), detail::attention_rows(kv, kernel, "k"),
       detail::attention_rows(vv, kernel, "v"), detail::attention_rows(dov, kernel, "dout"),
       lv.data(), delv.data(), detail::attention_rows(dqv, kernel, "dq"),
       detail::attention_rows(dkv, kernel, "dk"), detail::attention_rows(dvv, kernel, "dv"), n,
@@ -255,7 +256,7 @@ void attention_backward_block(const execution<Device>& ctx, const Q& q, const K&
 // dout * out, for (batch, seq, heads * head_dim) dout and out: the term every key block's
 // backward subtracts.
 template <device_tag Device, class DOut, class Out, class Delta>
-void attention_delta(const execution<Device>& ctx, const DOut& dout, const Out& out, Delta&& delta,
+void attention_delta(const execution<Device>& exec, const DOut& dout, const Out& out, Delta&& delta,
                      std::int64_t heads) {
   const char* kernel = "attention_delta";
   const auto dov = input_view(dout);
@@ -271,7 +272,7 @@ void attention_delta(const execution<Device>& ctx, const DOut& dout, const Out& 
   require_contiguous(dv, kernel, "delta");
   check_same_device(dov, ov, kernel);
   check_same_device(dov, dv, kernel);
-  attention_engine<Device>::delta(ctx, detail::attention_rows(dov, kernel, "dout"),
+  attention_engine<Device>::delta(exec, detail::attention_rows(dov, kernel, "dout"),
                                   detail::attention_rows(ov, kernel, "out"), dv.data(), n);
 }
 
@@ -281,7 +282,7 @@ void attention_delta(const execution<Device>& ctx, const DOut& dout, const Out& 
 // lse = -inf means no key seen yet: out is then replaced, whatever it held (no NaN); a block whose
 // block_lse is -inf leaves the row unchanged.
 template <device_tag Device, class Out, class Lse, class BlockOut, class BlockLse>
-void attention_merge(const execution<Device>& ctx, Out&& out, Lse&& lse, const BlockOut& block_out,
+void attention_merge(const execution<Device>& exec, Out&& out, Lse&& lse, const BlockOut& block_out,
                      const BlockLse& block_lse, std::int64_t heads) {
   const char* kernel = "attention_merge";
   const auto ov = output_view(out);
@@ -302,7 +303,7 @@ void attention_merge(const execution<Device>& ctx, Out&& out, Lse&& lse, const B
   check_same_device(ov, bov, kernel);
   check_same_device(ov, lv, kernel);
   check_same_device(ov, blv, kernel);
-  attention_engine<Device>::merge(ctx, detail::attention_rows(ov, kernel, "out"), lv.data(),
+  attention_engine<Device>::merge(exec, detail::attention_rows(ov, kernel, "out"), lv.data(),
                                   detail::attention_rows(bov, kernel, "block_out"), blv.data(), n);
 }
 

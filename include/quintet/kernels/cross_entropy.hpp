@@ -149,7 +149,7 @@ void check_row_statistic(const LogitsView& logits, const StatView& stat, std::in
 // Mean-ready loss of logits (..., vocab) against targets (...); lse (...) receives each row's
 // log-sum-exp (for every row, ignored ones included).
 template <device_tag Device, class Logits, class Targets, class Lse>
-cross_entropy_result cross_entropy_forward(const execution<Device>& ctx, const Logits& logits,
+cross_entropy_result cross_entropy_forward(const execution<Device>& exec, const Logits& logits,
                                            const Targets& targets, Lse&& lse,
                                            std::int32_t ignore_index = no_target) {
   const auto lv = input_view(logits);
@@ -157,14 +157,14 @@ cross_entropy_result cross_entropy_forward(const execution<Device>& ctx, const L
   const auto sv = output_view(lse);
   detail::check_operand_types<Device, decltype(lv)>();
   detail::check_cross_entropy_operands(lv, tv, sv, "cross_entropy_forward");
-  return cross_entropy_engine<Device>::forward(ctx, lv.data(), tv.data(), sv.data(), row_count(lv),
+  return cross_entropy_engine<Device>::forward(exec, lv.data(), tv.data(), sv.data(), row_count(lv),
                                                row_length(lv), ignore_index);
 }
 
 // dlogits = scale (softmax(logits) - onehot(target)) per row, zero for ignored rows, from the
 // forward's lse. For the mean loss, scale = 1 / count (times the upstream gradient).
 template <device_tag Device, class Logits, class Targets, class Lse, class DLogits>
-void cross_entropy_backward(const execution<Device>& ctx, const Logits& logits,
+void cross_entropy_backward(const execution<Device>& exec, const Logits& logits,
                             const Targets& targets, const Lse& lse, DLogits&& dlogits, double scale,
                             std::int32_t ignore_index = no_target) {
   const auto lv = input_view(logits);
@@ -177,7 +177,7 @@ void cross_entropy_backward(const execution<Device>& ctx, const Logits& logits,
   check_same_shape(lv, dv, "cross_entropy_backward");
   check_same_device(lv, dv, "cross_entropy_backward");
   using acc = typename decltype(sv)::value_type;
-  cross_entropy_engine<Device>::backward(ctx, lv.data(), tv.data(), sv.data(), dv.data(),
+  cross_entropy_engine<Device>::backward(exec, lv.data(), tv.data(), sv.data(), dv.data(),
                                          row_count(lv), row_length(lv), static_cast<acc>(scale),
                                          ignore_index);
 }
@@ -187,7 +187,7 @@ void cross_entropy_backward(const execution<Device>& ctx, const Logits& logits,
 // row_max (...) = the maximum of each row of logits (..., columns) over its first `valid` columns;
 // -inf when valid is 0 (a shard holding only padding).
 template <device_tag Device, class Logits, class RowMax>
-void cross_entropy_shard_max(const execution<Device>& ctx, const Logits& logits, RowMax&& row_max,
+void cross_entropy_shard_max(const execution<Device>& exec, const Logits& logits, RowMax&& row_max,
                              std::int64_t valid) {
   const auto lv = input_view(logits);
   const auto mv = output_view(row_max);
@@ -197,7 +197,7 @@ void cross_entropy_shard_max(const execution<Device>& ctx, const Logits& logits,
   require_contiguous(lv, kernel, "logits");
   detail::check_vocab_columns(row_length(lv), 0, valid, kernel);
   detail::check_row_statistic(lv, mv, 0, kernel, "row_max");
-  cross_entropy_engine<Device>::shard_max(ctx, lv.data(), mv.data(), row_count(lv), row_length(lv),
+  cross_entropy_engine<Device>::shard_max(exec, lv.data(), mv.data(), row_count(lv), row_length(lv),
                                           valid);
 }
 
@@ -206,7 +206,7 @@ void cross_entropy_shard_max(const execution<Device>& ctx, const Logits& logits,
 // (...) being the all-reduced (global) maximum. Summed over the shards, it holds each row's
 // sum_exp and target logit.
 template <device_tag Device, class Logits, class Targets, class RowMax, class Partials>
-void cross_entropy_shard_partials(const execution<Device>& ctx, const Logits& logits,
+void cross_entropy_shard_partials(const execution<Device>& exec, const Logits& logits,
                                   const Targets& targets, const RowMax& row_max,
                                   Partials&& partials, std::int64_t begin, std::int64_t valid,
                                   std::int32_t ignore_index = no_target) {
@@ -219,7 +219,7 @@ void cross_entropy_shard_partials(const execution<Device>& ctx, const Logits& lo
   detail::check_cross_entropy_operands(lv, tv, mv, kernel);
   detail::check_vocab_columns(row_length(lv), begin, valid, kernel);
   detail::check_row_statistic(lv, pv, 2, kernel, "partials");
-  cross_entropy_engine<Device>::shard_partials(ctx, lv.data(), tv.data(), mv.data(), pv.data(),
+  cross_entropy_engine<Device>::shard_partials(exec, lv.data(), tv.data(), mv.data(), pv.data(),
                                                row_count(lv), row_length(lv), begin, valid,
                                                ignore_index);
 }
@@ -228,7 +228,7 @@ void cross_entropy_shard_partials(const execution<Device>& ctx, const Logits& lo
 // every row, and the loss sum of lse - target logit and the count over the rows whose target is
 // not ignore_index. Throws when a target is neither in [0, vocab) nor ignore_index.
 template <device_tag Device, class Targets, class RowMax, class Partials, class Lse>
-cross_entropy_result cross_entropy_shard_finish(const execution<Device>& ctx,
+cross_entropy_result cross_entropy_shard_finish(const execution<Device>& exec,
                                                 const Targets& targets, const RowMax& row_max,
                                                 const Partials& partials, Lse&& lse,
                                                 std::int64_t vocab,
@@ -262,8 +262,8 @@ cross_entropy_result cross_entropy_shard_finish(const execution<Device>& ctx,
   check_same_device(tv, mv, kernel);
   check_same_device(tv, pv, kernel);
   check_same_device(tv, sv, kernel);
-  return cross_entropy_engine<Device>::shard_finish(ctx, tv.data(), mv.data(), pv.data(), sv.data(),
-                                                    tv.numel(), vocab, ignore_index);
+  return cross_entropy_engine<Device>::shard_finish(exec, tv.data(), mv.data(), pv.data(),
+                                                    sv.data(), tv.numel(), vocab, ignore_index);
 }
 
 // dlogits (..., columns) = scale (exp(logit - lse) - onehot(target)) on the first `valid`
@@ -271,7 +271,7 @@ cross_entropy_result cross_entropy_shard_finish(const execution<Device>& ctx,
 // columns and on ignored rows. lse (...) is the global log-sum-exp from cross_entropy_shard_finish
 // (which also checked the targets).
 template <device_tag Device, class Logits, class Targets, class Lse, class DLogits>
-void cross_entropy_shard_backward(const execution<Device>& ctx, const Logits& logits,
+void cross_entropy_shard_backward(const execution<Device>& exec, const Logits& logits,
                                   const Targets& targets, const Lse& lse, DLogits&& dlogits,
                                   double scale, std::int64_t begin, std::int64_t valid,
                                   std::int32_t ignore_index = no_target) {
@@ -287,7 +287,7 @@ void cross_entropy_shard_backward(const execution<Device>& ctx, const Logits& lo
   check_same_shape(lv, dv, kernel);
   check_same_device(lv, dv, kernel);
   using acc = typename decltype(sv)::value_type;
-  cross_entropy_engine<Device>::shard_backward(ctx, lv.data(), tv.data(), sv.data(), dv.data(),
+  cross_entropy_engine<Device>::shard_backward(exec, lv.data(), tv.data(), sv.data(), dv.data(),
                                                row_count(lv), row_length(lv), begin, valid,
                                                static_cast<acc>(scale), ignore_index);
 }

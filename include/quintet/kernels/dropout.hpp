@@ -2,7 +2,7 @@
 // (rng_key, global element index) through Philox, so any rank reproduces the mask of the part of
 // the global tensor it holds (pass that part as a region) and backward recomputes it, unstored.
 //
-//   dropout_forward(ctx, x_shard, y_shard, p, key, region(full).chunk(1, tp, r))
+//   dropout_forward(exec, x_shard, y_shard, p, key, region(full).chunk(1, tp, r))
 //   => y_shard == chunk(dropout of the full tensor, 1, tp, r), bit for bit.
 #pragma once
 
@@ -34,8 +34,8 @@ struct dropout_engine<host> {
 namespace detail {
 
 template <class Device, class In, class Out>
-void dropout(const execution<Device>& ctx, const In& in, Out&& out, double probability, rng_key key,
-             const region& where, const char* kernel) {
+void dropout(const execution<Device>& exec, const In& in, Out&& out, double probability,
+             rng_key key, const region& where, const char* kernel) {
   const auto iv = input_view(in);
   const auto ov = output_view(out);
   check_operand_types<Device, decltype(iv), decltype(ov)>();
@@ -48,7 +48,7 @@ void dropout(const execution<Device>& ctx, const In& in, Out&& out, double proba
   QUINTET_CHECK(where.local_shape() == iv.shape(),
                 "{}: the region's local shape {} differs from the tensor's shape {}", kernel,
                 where.local_shape(), iv.shape());
-  dropout_engine<Device>::apply(ctx, iv.data(), ov.data(), static_cast<float>(probability), key,
+  dropout_engine<Device>::apply(exec, iv.data(), ov.data(), static_cast<float>(probability), key,
                                 where);
 }
 
@@ -57,26 +57,26 @@ void dropout(const execution<Device>& ctx, const In& in, Out&& out, double proba
 // y = x * mask / (1 - p), mask[e] = (uniform_float(key, e) >= p) for global index e of the
 // elements `where` (a region of the global tensor; the whole tensor when omitted). y may be x.
 template <device_tag Device, class X, class Y>
-void dropout_forward(const execution<Device>& ctx, const X& x, Y&& y, double probability,
+void dropout_forward(const execution<Device>& exec, const X& x, Y&& y, double probability,
                      rng_key key, const region& where) {
-  detail::dropout(ctx, x, y, probability, key, where, "dropout_forward");
+  detail::dropout(exec, x, y, probability, key, where, "dropout_forward");
 }
 template <device_tag Device, class X, class Y>
-void dropout_forward(const execution<Device>& ctx, const X& x, Y&& y, double probability,
+void dropout_forward(const execution<Device>& exec, const X& x, Y&& y, double probability,
                      rng_key key) {
-  dropout_forward(ctx, x, y, probability, key, region(input_view(x).shape()));
+  dropout_forward(exec, x, y, probability, key, region(input_view(x).shape()));
 }
 
 // dx = dy * mask / (1 - p), the same mask as the forward with the same key and region.
 template <device_tag Device, class Dy, class Dx>
-void dropout_backward(const execution<Device>& ctx, const Dy& dy, Dx&& dx, double probability,
+void dropout_backward(const execution<Device>& exec, const Dy& dy, Dx&& dx, double probability,
                       rng_key key, const region& where) {
-  detail::dropout(ctx, dy, dx, probability, key, where, "dropout_backward");
+  detail::dropout(exec, dy, dx, probability, key, where, "dropout_backward");
 }
 template <device_tag Device, class Dy, class Dx>
-void dropout_backward(const execution<Device>& ctx, const Dy& dy, Dx&& dx, double probability,
+void dropout_backward(const execution<Device>& exec, const Dy& dy, Dx&& dx, double probability,
                       rng_key key) {
-  dropout_backward(ctx, dy, dx, probability, key, region(input_view(dy).shape()));
+  dropout_backward(exec, dy, dx, probability, key, region(input_view(dy).shape()));
 }
 
 }  // namespace quintet::kernels

@@ -62,7 +62,7 @@ struct elementwise_engine<host> {
 
 // x (..., n) += bias (n), in place.
 template <device_tag Device, class X, class Bias>
-void bias_add(const execution<Device>& ctx, X&& x, const Bias& bias) {
+void bias_add(const execution<Device>& exec, X&& x, const Bias& bias) {
   const auto xv = output_view(x);
   const auto bv = input_view(bias);
   detail::check_operand_types<Device, decltype(xv), decltype(bv)>();
@@ -71,12 +71,12 @@ void bias_add(const execution<Device>& ctx, X&& x, const Bias& bias) {
   require_rank_at_least(xv, 1, "bias_add", "x");
   require_shape(bv, shape{row_length(xv)}, "bias_add", "bias");
   check_same_device(xv, bv, "bias_add");
-  elementwise_engine<Device>::bias_add(ctx, xv.data(), bv.data(), row_count(xv), row_length(xv));
+  elementwise_engine<Device>::bias_add(exec, xv.data(), bv.data(), row_count(xv), row_length(xv));
 }
 
 // dbias (n) += sum over rows of dy (..., n): the bias gradient, accumulated.
 template <device_tag Device, class Dy, class DBias>
-void bias_grad(const execution<Device>& ctx, const Dy& dy, DBias&& dbias) {
+void bias_grad(const execution<Device>& exec, const Dy& dy, DBias&& dbias) {
   const auto dyv = input_view(dy);
   const auto dbv = output_view(dbias);
   detail::check_operand_types<Device, decltype(dyv), decltype(dbv)>();
@@ -85,13 +85,13 @@ void bias_grad(const execution<Device>& ctx, const Dy& dy, DBias&& dbias) {
   require_rank_at_least(dyv, 1, "bias_grad", "dy");
   require_shape(dbv, shape{row_length(dyv)}, "bias_grad", "dbias");
   check_same_device(dyv, dbv, "bias_grad");
-  elementwise_engine<Device>::bias_grad(ctx, dyv.data(), dbv.data(), row_count(dyv),
+  elementwise_engine<Device>::bias_grad(exec, dyv.data(), dbv.data(), row_count(dyv),
                                         row_length(dyv));
 }
 
 // y = gelu(x), elementwise; y may be x.
 template <device_tag Device, class X, class Y>
-void gelu_forward(const execution<Device>& ctx, const X& x, Y&& y) {
+void gelu_forward(const execution<Device>& exec, const X& x, Y&& y) {
   const auto xv = input_view(x);
   const auto yv = output_view(y);
   detail::check_operand_types<Device, decltype(xv), decltype(yv)>();
@@ -99,12 +99,12 @@ void gelu_forward(const execution<Device>& ctx, const X& x, Y&& y) {
   require_contiguous(yv, "gelu_forward", "y");
   check_same_shape(xv, yv, "gelu_forward");
   check_same_device(xv, yv, "gelu_forward");
-  elementwise_engine<Device>::gelu_forward(ctx, xv.data(), yv.data(), xv.numel());
+  elementwise_engine<Device>::gelu_forward(exec, xv.data(), yv.data(), xv.numel());
 }
 
 // dx = dy * gelu'(x), with x the forward input; dx may be dy.
 template <device_tag Device, class X, class Dy, class Dx>
-void gelu_backward(const execution<Device>& ctx, const X& x, const Dy& dy, Dx&& dx) {
+void gelu_backward(const execution<Device>& exec, const X& x, const Dy& dy, Dx&& dx) {
   const auto xv = input_view(x);
   const auto dyv = input_view(dy);
   const auto dxv = output_view(dx);
@@ -116,12 +116,12 @@ void gelu_backward(const execution<Device>& ctx, const X& x, const Dy& dy, Dx&& 
   check_same_shape(xv, dxv, "gelu_backward");
   check_same_device(xv, dxv, "gelu_backward");
   check_same_device(dyv, dxv, "gelu_backward");
-  elementwise_engine<Device>::gelu_backward(ctx, xv.data(), dyv.data(), dxv.data(), xv.numel());
+  elementwise_engine<Device>::gelu_backward(exec, xv.data(), dyv.data(), dxv.data(), xv.numel());
 }
 
 // out = a + b (a residual connection); out may be a or b.
 template <device_tag Device, class A, class B, class Out>
-void add(const execution<Device>& ctx, const A& a, const B& b, Out&& out) {
+void add(const execution<Device>& exec, const A& a, const B& b, Out&& out) {
   const auto av = input_view(a);
   const auto bv = input_view(b);
   const auto ov = output_view(out);
@@ -133,23 +133,23 @@ void add(const execution<Device>& ctx, const A& a, const B& b, Out&& out) {
   check_same_shape(av, ov, "add");
   check_same_device(av, ov, "add");
   check_same_device(bv, ov, "add");
-  elementwise_engine<Device>::add(ctx, av.data(), bv.data(), ov.data(), av.numel());
+  elementwise_engine<Device>::add(exec, av.data(), bv.data(), ov.data(), av.numel());
 }
 
 // x *= alpha, in place.
 template <device_tag Device, class X>
-void scale(const execution<Device>& ctx, X&& x, double alpha) {
+void scale(const execution<Device>& exec, X&& x, double alpha) {
   const auto xv = output_view(x);
   detail::check_operand_types<Device, decltype(xv)>();
   require_contiguous(xv, "scale", "x");
   using acc = accumulator_t<typename decltype(xv)::value_type>;
-  elementwise_engine<Device>::scale(ctx, xv.data(), static_cast<acc>(alpha), xv.numel());
+  elementwise_engine<Device>::scale(exec, xv.data(), static_cast<acc>(alpha), xv.numel());
 }
 
 // out = in, element by element, in out's floating type (float, double, bf16, half): exact when
 // widening, rounding to nearest even when narrowing to 16 bits.
 template <device_tag Device, class In, class Out>
-void convert(const execution<Device>& ctx, const In& in, Out&& out) {
+void convert(const execution<Device>& exec, const In& in, Out&& out) {
   const auto iv = input_view(in);
   const auto ov = output_view(out);
   detail::check_operand_types<Device, decltype(iv)>();
@@ -158,7 +158,7 @@ void convert(const execution<Device>& ctx, const In& in, Out&& out) {
   require_contiguous(ov, "convert", "out");
   check_same_shape(iv, ov, "convert");
   check_same_device(iv, ov, "convert");
-  elementwise_engine<Device>::convert(ctx, iv.data(), ov.data(), iv.numel());
+  elementwise_engine<Device>::convert(exec, iv.data(), ov.data(), iv.numel());
 }
 
 }  // namespace quintet::kernels

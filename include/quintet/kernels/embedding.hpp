@@ -148,7 +148,7 @@ host_impl::position_sizes check_position_operands(const TableView& position_tabl
 
 // out[b, s] = token_table[tokens[b, s]] + position_table[position_offset + s].
 template <device_tag Device, class Tokens, class TokenTable, class PositionTable, class Out>
-void embedding_forward(const execution<Device>& ctx, const Tokens& tokens,
+void embedding_forward(const execution<Device>& exec, const Tokens& tokens,
                        const TokenTable& token_table, const PositionTable& position_table,
                        Out&& out, std::int64_t position_offset = 0) {
   const auto tv = input_view(tokens);
@@ -158,12 +158,12 @@ void embedding_forward(const execution<Device>& ctx, const Tokens& tokens,
   detail::check_operand_types<Device, decltype(ttv), decltype(ptv), decltype(ov)>();
   const auto n =
       detail::check_embedding_operands(tv, ttv, ptv, ov, position_offset, "embedding_forward");
-  embedding_engine<Device>::forward(ctx, tv.data(), ttv.data(), ptv.data(), ov.data(), n);
+  embedding_engine<Device>::forward(exec, tv.data(), ttv.data(), ptv.data(), ov.data(), n);
 }
 
 // dtoken_table[tokens[b, s]] += dout[b, s] and dposition_table[position_offset + s] += dout[b, s].
 template <device_tag Device, class Tokens, class DOut, class DTokenTable, class DPositionTable>
-void embedding_backward(const execution<Device>& ctx, const Tokens& tokens, const DOut& dout,
+void embedding_backward(const execution<Device>& exec, const Tokens& tokens, const DOut& dout,
                         DTokenTable&& dtoken_table, DPositionTable&& dposition_table,
                         std::int64_t position_offset = 0) {
   const auto tv = input_view(tokens);
@@ -173,7 +173,7 @@ void embedding_backward(const execution<Device>& ctx, const Tokens& tokens, cons
   detail::check_operand_types<Device, decltype(dv), decltype(dtt), decltype(dpt)>();
   const auto n = detail::check_embedding_operands(tv, input_view(dtt), input_view(dpt), dv,
                                                   position_offset, "embedding_backward");
-  embedding_engine<Device>::backward(ctx, tv.data(), dv.data(), dtt.data(), dpt.data(), n);
+  embedding_engine<Device>::backward(exec, tv.data(), dv.data(), dtt.data(), dpt.data(), n);
 }
 
 // out (batch, seq, width) = token_table[tokens[b, s] - vocab_begin] where the id is in
@@ -181,7 +181,7 @@ void embedding_backward(const execution<Device>& ctx, const Tokens& tokens, cons
 // against the whole vocabulary (a shard cannot know it): with vocab_begin 0 and the whole table,
 // out-of-range ids give zero rows; embedding_forward checks them.
 template <device_tag Device, class Tokens, class TokenTable, class Out>
-void token_embedding_forward(const execution<Device>& ctx, const Tokens& tokens,
+void token_embedding_forward(const execution<Device>& exec, const Tokens& tokens,
                              const TokenTable& token_table, Out&& out,
                              std::int64_t vocab_begin = 0) {
   const auto tv = input_view(tokens);
@@ -190,13 +190,13 @@ void token_embedding_forward(const execution<Device>& ctx, const Tokens& tokens,
   detail::check_operand_types<Device, decltype(ttv), decltype(ov)>();
   const auto n =
       detail::check_token_range_operands(tv, ttv, ov, vocab_begin, "token_embedding_forward");
-  embedding_engine<Device>::token_forward(ctx, tv.data(), ttv.data(), ov.data(), n);
+  embedding_engine<Device>::token_forward(exec, tv.data(), ttv.data(), ov.data(), n);
 }
 
 // dtoken_table[tokens[b, s] - vocab_begin] += dout[b, s] for the ids the table shard holds; other
 // ids add nothing.
 template <device_tag Device, class Tokens, class DOut, class DTokenTable>
-void token_embedding_backward(const execution<Device>& ctx, const Tokens& tokens, const DOut& dout,
+void token_embedding_backward(const execution<Device>& exec, const Tokens& tokens, const DOut& dout,
                               DTokenTable&& dtoken_table, std::int64_t vocab_begin = 0) {
   const auto tv = input_view(tokens);
   const auto dv = input_view(dout);
@@ -204,24 +204,24 @@ void token_embedding_backward(const execution<Device>& ctx, const Tokens& tokens
   detail::check_operand_types<Device, decltype(dv), decltype(dtt)>();
   const auto n = detail::check_token_range_operands(tv, input_view(dtt), dv, vocab_begin,
                                                     "token_embedding_backward");
-  embedding_engine<Device>::token_backward(ctx, tv.data(), dv.data(), dtt.data(), n);
+  embedding_engine<Device>::token_backward(exec, tv.data(), dv.data(), dtt.data(), n);
 }
 
 // out[b, s] += position_table[position_offset + s], in place on out (batch, seq, width).
 template <device_tag Device, class PositionTable, class Out>
-void add_position_embedding(const execution<Device>& ctx, const PositionTable& position_table,
+void add_position_embedding(const execution<Device>& exec, const PositionTable& position_table,
                             Out&& out, std::int64_t position_offset = 0) {
   const auto ptv = input_view(position_table);
   const auto ov = output_view(out);
   detail::check_operand_types<Device, decltype(ptv), decltype(ov)>();
   const auto n =
       detail::check_position_operands(ptv, ov, position_offset, "add_position_embedding");
-  embedding_engine<Device>::position_add(ctx, ptv.data(), ov.data(), n);
+  embedding_engine<Device>::position_add(exec, ptv.data(), ov.data(), n);
 }
 
 // dposition_table[position_offset + s] += dout[b, s], summed over the batch.
 template <device_tag Device, class DOut, class DPositionTable>
-void position_embedding_backward(const execution<Device>& ctx, const DOut& dout,
+void position_embedding_backward(const execution<Device>& exec, const DOut& dout,
                                  DPositionTable&& dposition_table,
                                  std::int64_t position_offset = 0) {
   const auto dv = input_view(dout);
@@ -229,7 +229,7 @@ void position_embedding_backward(const execution<Device>& ctx, const DOut& dout,
   detail::check_operand_types<Device, decltype(dv), decltype(dpt)>();
   const auto n = detail::check_position_operands(input_view(dpt), dv, position_offset,
                                                  "position_embedding_backward");
-  embedding_engine<Device>::position_backward(ctx, dv.data(), dpt.data(), n);
+  embedding_engine<Device>::position_backward(exec, dv.data(), dpt.data(), n);
 }
 
 }  // namespace quintet::kernels

@@ -1,4 +1,4 @@
-// matmul(ctx, a, b, c, options): C = alpha op(A) op(B) + beta C, batched over leading dimensions,
+// matmul(exec, a, b, c, options): C = alpha op(A) op(B) + beta C, batched over leading dimensions,
 // with B optionally one matrix shared by the whole batch (a linear layer: x (b, s, in) times
 // W (out, in) transposed). Host: CBLAS when QUINTET_WITH_BLAS, the portable blocked kernel
 // otherwise (matmul_portable calls it explicitly); cuda: cuBLASLt, in
@@ -18,7 +18,7 @@
 
 namespace quintet::kernels {
 
-// matmul_engine<Device>::run(ctx, geometry, options, a, b, c) on contiguous device pointers.
+// matmul_engine<Device>::run(exec, geometry, options, a, b, c) on contiguous device pointers.
 template <class Device>
 struct matmul_engine {
   static_assert(quintet::detail::always_false<Device>,
@@ -29,9 +29,9 @@ struct matmul_engine {
 template <>
 struct matmul_engine<host> {
   template <class T>
-  static void run(const execution<host>& ctx, const matmul_geometry& g,
+  static void run(const execution<host>& exec, const matmul_geometry& g,
                   const matmul_options& options, const T* a, const T* b, T* c) {
-    host_impl::matmul<T>(ctx, host_impl::default_gemm_backend, g, options, a, b, c);
+    host_impl::matmul<T>(exec, host_impl::default_gemm_backend, g, options, a, b, c);
   }
 };
 
@@ -60,7 +60,7 @@ matmul_geometry checked_matmul_geometry(const AView& a, const BView& b, const CV
 }  // namespace detail
 
 template <device_tag Device, class A, class B, class C>
-void matmul(const execution<Device>& ctx, const A& a, const B& b, C&& c,
+void matmul(const execution<Device>& exec, const A& a, const B& b, C&& c,
             const matmul_options& options = {}) {
   const auto av = input_view(a);
   const auto bv = input_view(b);
@@ -68,13 +68,13 @@ void matmul(const execution<Device>& ctx, const A& a, const B& b, C&& c,
   static_assert(std::same_as<typename decltype(cv)::device_type, Device>,
                 "matmul: the execution context and the operands must be on the same device kind");
   const matmul_geometry g = detail::checked_matmul_geometry(av, bv, cv, options, "matmul");
-  matmul_engine<Device>::run(ctx, g, options, av.data(), bv.data(), cv.data());
+  matmul_engine<Device>::run(exec, g, options, av.data(), bv.data(), cv.data());
 }
 
 // The portable cache-blocked kernel on the host, whatever BLAS is available: for tests,
 // benchmarks, and machines without a BLAS.
 template <class A, class B, class C>
-void matmul_portable(const execution<host>& ctx, const A& a, const B& b, C&& c,
+void matmul_portable(const execution<host>& exec, const A& a, const B& b, C&& c,
                      const matmul_options& options = {}) {
   const auto av = input_view(a);
   const auto bv = input_view(b);
@@ -82,7 +82,7 @@ void matmul_portable(const execution<host>& ctx, const A& a, const B& b, C&& c,
   static_assert(std::same_as<typename decltype(cv)::device_type, host>,
                 "matmul_portable runs on host tensors");
   const matmul_geometry g = detail::checked_matmul_geometry(av, bv, cv, options, "matmul_portable");
-  host_impl::matmul(ctx, host_impl::gemm_backend::portable, g, options, av.data(), bv.data(),
+  host_impl::matmul(exec, host_impl::gemm_backend::portable, g, options, av.data(), bv.data(),
                     cv.data());
 }
 

@@ -77,7 +77,7 @@ void check_state(const ParamView& param, const StateView& state, const char* ker
 
 // One AdamW step t (1, 2, ...) on param with gradient grad_scale * grad and moments m, v.
 template <device_tag Device, class Param, class Grad, class M, class V>
-void adamw_update(const execution<Device>& ctx, Param&& param, const Grad& grad, M&& m, V&& v,
+void adamw_update(const execution<Device>& exec, Param&& param, const Grad& grad, M&& m, V&& v,
                   const adamw_hyperparameters& hp, std::int64_t step, double grad_scale = 1.0) {
   const char* kernel = "adamw_update";
   const auto pv = output_view(param);
@@ -104,12 +104,12 @@ void adamw_update(const execution<Device>& ctx, Param&& param, const Grad& grad,
                                           static_cast<acc>(grad_scale),
                                           static_cast<acc>(1.0 - std::pow(hp.beta1, t)),
                                           static_cast<acc>(1.0 - std::pow(hp.beta2, t))};
-  optimizer_engine<Device>::adamw(ctx, pv.data(), gv.data(), mv.data(), vv.data(), pv.numel(), k);
+  optimizer_engine<Device>::adamw(exec, pv.data(), gv.data(), mv.data(), vv.data(), pv.numel(), k);
 }
 
 // One SGD step with a momentum buffer (zero-initialised before the first step).
 template <device_tag Device, class Param, class Grad, class Buffer>
-void sgd_update(const execution<Device>& ctx, Param&& param, const Grad& grad, Buffer&& momentum,
+void sgd_update(const execution<Device>& exec, Param&& param, const Grad& grad, Buffer&& momentum,
                 const sgd_hyperparameters& hp, double grad_scale = 1.0) {
   const char* kernel = "sgd_update";
   const auto pv = output_view(param);
@@ -125,12 +125,12 @@ void sgd_update(const execution<Device>& ctx, Param&& param, const Grad& grad, B
   const host_impl::sgd_constants<acc> k{static_cast<acc>(hp.lr), static_cast<acc>(hp.momentum),
                                         static_cast<acc>(hp.weight_decay),
                                         static_cast<acc>(grad_scale)};
-  optimizer_engine<Device>::sgd(ctx, pv.data(), gv.data(), bv.data(), pv.numel(), k);
+  optimizer_engine<Device>::sgd(exec, pv.data(), gv.data(), bv.data(), pv.numel(), k);
 }
 
 // One plain SGD step (no momentum state); hp.momentum must be 0.
 template <device_tag Device, class Param, class Grad>
-void sgd_update(const execution<Device>& ctx, Param&& param, const Grad& grad,
+void sgd_update(const execution<Device>& exec, Param&& param, const Grad& grad,
                 const sgd_hyperparameters& hp, double grad_scale = 1.0) {
   const char* kernel = "sgd_update";
   const auto pv = output_view(param);
@@ -147,7 +147,7 @@ void sgd_update(const execution<Device>& ctx, Param&& param, const Grad& grad,
   const host_impl::sgd_constants<acc> k{static_cast<acc>(hp.lr), acc(0),
                                         static_cast<acc>(hp.weight_decay),
                                         static_cast<acc>(grad_scale)};
-  optimizer_engine<Device>::sgd(ctx, pv.data(), gv.data(), static_cast<acc*>(nullptr), pv.numel(),
+  optimizer_engine<Device>::sgd(exec, pv.data(), gv.data(), static_cast<acc*>(nullptr), pv.numel(),
                                 k);
 }
 

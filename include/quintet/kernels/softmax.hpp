@@ -31,7 +31,7 @@ struct softmax_engine<host> {
 
 // y = softmax(x) along the last dimension of x (..., n); y may be x.
 template <device_tag Device, class X, class Y>
-void softmax_forward(const execution<Device>& ctx, const X& x, Y&& y) {
+void softmax_forward(const execution<Device>& exec, const X& x, Y&& y) {
   const auto xv = input_view(x);
   const auto yv = output_view(y);
   detail::check_operand_types<Device, decltype(xv), decltype(yv)>();
@@ -41,12 +41,12 @@ void softmax_forward(const execution<Device>& ctx, const X& x, Y&& y) {
   require_contiguous(yv, "softmax_forward", "y");
   check_same_shape(xv, yv, "softmax_forward");
   check_same_device(xv, yv, "softmax_forward");
-  softmax_engine<Device>::forward(ctx, xv.data(), yv.data(), row_count(xv), row_length(xv));
+  softmax_engine<Device>::forward(exec, xv.data(), yv.data(), row_count(xv), row_length(xv));
 }
 
 // dx = y (dy - sum(dy y)) per row, from the forward's output y; dx may be dy.
 template <device_tag Device, class Y, class Dy, class Dx>
-void softmax_backward(const execution<Device>& ctx, const Y& y, const Dy& dy, Dx&& dx) {
+void softmax_backward(const execution<Device>& exec, const Y& y, const Dy& dy, Dx&& dx) {
   const auto yv = input_view(y);
   const auto dyv = input_view(dy);
   const auto dxv = output_view(dx);
@@ -58,7 +58,7 @@ void softmax_backward(const execution<Device>& ctx, const Y& y, const Dy& dy, Dx
   check_same_shape(yv, dyv, "softmax_backward");
   check_same_shape(yv, dxv, "softmax_backward");
   check_same_device(yv, dxv, "softmax_backward");
-  softmax_engine<Device>::backward(ctx, yv.data(), dyv.data(), dxv.data(), row_count(yv),
+  softmax_engine<Device>::backward(exec, yv.data(), dyv.data(), dxv.data(), row_count(yv),
                                    row_length(yv));
 }
 

@@ -1,4 +1,4 @@
-// squared_norm(ctx, x): sum of x[i]^2, accumulated in double on the host. Global gradient
+// squared_norm(exec, x): sum of x[i]^2, accumulated in double on the host. Global gradient
 // clipping adds these over every gradient (each element counted once across ranks) and takes
 // the square root. Host only.
 #pragma once
@@ -24,11 +24,11 @@ struct squared_norm_engine<host> {
 };
 
 template <device_tag Device, class X>
-double squared_norm(const execution<Device>& ctx, const X& x) {
+double squared_norm(const execution<Device>& exec, const X& x) {
   const auto xv = input_view(x);
   detail::check_operand_types<Device, decltype(xv)>();
   require_contiguous(xv, "squared_norm", "x");
-  return squared_norm_engine<Device>::run(ctx, xv.data(), xv.numel());
+  return squared_norm_engine<Device>::run(exec, xv.data(), xv.numel());
 }
 
 }  // namespace quintet::kernels

@@ -1,6 +1,7 @@
 // layer_norm on cuda tensors: one thread block per row, row statistics by cub::BlockReduce (the
-// same shifted two-pass mean and variance as the host); the parameter gradients by a column
-// kernel that sums over rows in a fixed order, so results do not depend on scheduling.
+// same shifted two-pass mean and variance as the host). The backward's input pass (dx) is a row
+// kernel; its weight pass (dgamma, dbeta) a column kernel that sums over rows in a fixed order, so
+// results do not depend on scheduling.
 #pragma once
 
 #include <quintet/kernels/accumulator.hpp>
@@ -54,9 +55,9 @@ __global__ void layer_norm_forward_kernel(const T* x, const T* gamma, const T* b
 
 // dx per row: rstd (g - mean(g) - xhat mean(g xhat)), g = dy gamma.
 template <class T, class Acc, int Threads>
-__global__ void layer_norm_backward_rows_kernel(const T* x, const T* gamma, const Acc* mean,
-                                                const Acc* rstd, const T* dy, T* dx,
-                                                std::int64_t n) {
+__global__ void layer_norm_backward_input_kernel(const T* x, const T* gamma, const Acc* mean,
+                                                 const Acc* rstd, const T* dy, T* dx,
+                                                 std::int64_t n) {
   using reduce = cub::BlockReduce<Acc, Threads>;
   __shared__ typename reduce::TempStorage storage;
   __shared__ Acc g_mean_shared, g_xhat_mean_shared;
@@ -92,9 +93,9 @@ __global__ void layer_norm_backward_rows_kernel(const T* x, const T* gamma, cons
 inline constexpr int column_tile = 32, row_lanes = 8;
 
 template <class T, class Acc>
-__global__ void layer_norm_backward_columns_kernel(const T* x, const Acc* mean, const Acc* rstd,
-                                                   const T* dy, T* dgamma, T* dbeta,
-                                                   std::int64_t rows, std::int64_t n) {
+__global__ void layer_norm_backward_weight_kernel(const T* x, const Acc* mean, const Acc* rstd,
+                                                  const T* dy, T* dgamma, T* dbeta,
+                                                  std::int64_t rows, std::int64_t n) {
   __shared__ Acc gamma_part[row_lanes][column_tile], beta_part[row_lanes][column_tile];
   const std::int64_t j = std::int64_t{blockIdx.x} * column_tile + threadIdx.x;
   Acc gamma_sum = 0, beta_sum = 0;
@@ -128,34 +129,52 @@ inline void check_rows_fit(std::int64_t rows, const char* kernel) {
 template <>
 struct layer_norm_engine<cuda> {
   template <class T, class Acc>
-  static void forward(const execution<cuda>& ctx, const T* x, const T* gamma, const T* beta, T* y,
+  static void forward(const execution<cuda>& exec, const T* x, const T* gamma, const T* beta, T* y,
                       Acc* mean, Acc* rstd, std::int64_t rows, std::int64_t n, Acc eps) {
     if (rows == 0) return;
     cuda_impl::check_rows_fit(rows, "layer_norm_forward");
     constexpr int threads = cuda_impl::layer_norm_threads;
     cuda_impl::layer_norm_forward_kernel<T, Acc, threads>
-        <<<static_cast<unsigned>(rows), threads, 0, ctx.native()>>>(x, gamma, beta, y, mean, rstd,
-                                                                    n, eps);
+        <<<static_cast<unsigned>(rows), threads, 0, exec.native()>>>(x, gamma, beta, y, mean, rstd,
+                                                                     n, eps);
     QUINTET_CUDA_CHECK(cudaGetLastError());
   }
 
   template <class T, class Acc>
-  static void backward(const execution<cuda>& ctx, const T* x, const T* gamma, const Acc* mean,
-                       const Acc* rstd, const T* dy, T* dx, T* dgamma, T* dbeta, std::int64_t rows,
-                       std::int64_t n) {
+  static void backward_input(const execution<cuda>& exec, const T* x, const T* gamma,
+                             const Acc* mean, const Acc* rstd, const T* dy, T* dx,
+                             std::int64_t rows, std::int64_t n) {
     if (rows == 0) return;
-    cuda_impl::check_rows_fit(rows, "layer_norm_backward");
+    cuda_impl::check_rows_fit(rows, "layer_norm_backward_input");
     constexpr int threads = cuda_impl::layer_norm_threads;
-    cuda_impl::layer_norm_backward_rows_kernel<T, Acc, threads>
-        <<<static_cast<unsigned>(rows), threads, 0, ctx.native()>>>(x, gamma, mean, rstd, dy, dx,
-                                                                    n);
+    cuda_impl::layer_norm_backward_input_kernel<T, Acc, threads>
+        <<<static_cast<unsigned>(rows), threads, 0, exec.native()>>>(x, gamma, mean, rstd, dy, dx,
+                                                                     n);
     QUINTET_CUDA_CHECK(cudaGetLastError());
+  }
+
+  template <class T, class Acc>
+  static void backward_weight(const execution<cuda>& exec, const T* x, const Acc* mean,
+                              const Acc* rstd, const T* dy, T* dgamma, T* dbeta, std::int64_t rows,
+                              std::int64_t n) {
+    if (rows == 0) return;
     const dim3 block(cuda_impl::column_tile, cuda_impl::row_lanes);
     const auto column_blocks =
         static_cast<unsigned>((n + cuda_impl::column_tile - 1) / cuda_impl::column_tile);
-    cuda_impl::layer_norm_backward_columns_kernel<T, Acc>
-        <<<column_blocks, block, 0, ctx.native()>>>(x, mean, rstd, dy, dgamma, dbeta, rows, n);
+    cuda_impl::layer_norm_backward_weight_kernel<T, Acc>
+        <<<column_blocks, block, 0, exec.native()>>>(x, mean, rstd, dy, dgamma, dbeta, rows, n);
     QUINTET_CUDA_CHECK(cudaGetLastError());
+  }
+
+  // The two kernels are already apart (one block per row, then one per 32 columns), so the fused
+  // backward is the input pass followed by the weight pass: the same launches, the same bits.
+  template <class T, class Acc>
+  static void backward(const execution<cuda>& exec, const T* x, const T* gamma, const Acc* mean,
+                       const Acc* rstd, const T* dy, T* dx, T* dgamma, T* dbeta, std::int64_t rows,
+                       std::int64_t n) {
+    cuda_impl::check_rows_fit(rows, "layer_norm_backward");
+    backward_input(exec, x, gamma, mean, rstd, dy, dx, rows, n);
+    backward_weight(exec, x, mean, rstd, dy, dgamma, dbeta, rows, n);
   }
 };
 

@@ -79,7 +79,7 @@ struct layout_descriptor {
 
 // Row-major C (m, n) = alpha op(A) op(B) + beta C for `batch` entries with the given strides.
 template <class T>
-void gemm_batched(const execution<cuda>& ctx, bool transpose_a, bool transpose_b, std::int64_t m,
+void gemm_batched(const execution<cuda>& exec, bool transpose_a, bool transpose_b, std::int64_t m,
                   std::int64_t n, std::int64_t k, double alpha, const T* a, std::int64_t a_stride,
                   const T* b, std::int64_t b_stride, double beta, T* c, std::int64_t c_stride,
                   std::int64_t batch) {
@@ -102,10 +102,10 @@ void gemm_batched(const execution<cuda>& ctx, bool transpose_a, bool transpose_b
   const layout_descriptor out(types::data, n, m, n, batch, c_stride);
   const scale_type alpha_value = static_cast<scale_type>(alpha);
   const scale_type beta_value = static_cast<scale_type>(beta);
-  QUINTET_CUBLAS_CHECK(cublasLtMatmul(ctx.blas_handle(), descriptor.handle, &alpha_value, b,
+  QUINTET_CUBLAS_CHECK(cublasLtMatmul(exec.blas_handle(), descriptor.handle, &alpha_value, b,
                                       first.handle, a, second.handle, &beta_value, c, out.handle, c,
-                                      out.handle, nullptr, ctx.workspace(), ctx.workspace_bytes(),
-                                      ctx.native()));
+                                      out.handle, nullptr, exec.workspace(), exec.workspace_bytes(),
+                                      exec.native()));
 }
 
 }  // namespace cuda_impl
@@ -113,7 +113,7 @@ void gemm_batched(const execution<cuda>& ctx, bool transpose_a, bool transpose_b
 template <>
 struct matmul_engine<cuda> {
   template <class T>
-  static void run(const execution<cuda>& ctx, const matmul_geometry& g,
+  static void run(const execution<cuda>& exec, const matmul_geometry& g,
                   const matmul_options& options, const T* a, const T* b, T* c) {
     if (g.m == 0 || g.n == 0 || g.batch == 0) return;
     QUINTET_CHECK(g.k > 0,
@@ -121,18 +121,18 @@ struct matmul_engine<cuda> {
                   "shapes m={} n={}",
                   g.m, g.n);
     if (g.broadcast_b && !options.transpose_a) {
-      cuda_impl::gemm_batched<T>(ctx, false, options.transpose_b, g.batch * g.m, g.n, g.k,
+      cuda_impl::gemm_batched<T>(exec, false, options.transpose_b, g.batch * g.m, g.n, g.k,
                                  options.alpha, a, 0, b, 0, options.beta, c, 0, 1);
       return;
     }
     if (g.broadcast_b) {  // A transposed per entry: one product per batch entry
       for (std::int64_t e = 0; e < g.batch; ++e)
-        cuda_impl::gemm_batched<T>(ctx, true, options.transpose_b, g.m, g.n, g.k, options.alpha,
+        cuda_impl::gemm_batched<T>(exec, true, options.transpose_b, g.m, g.n, g.k, options.alpha,
                                    a + e * g.m * g.k, 0, b, 0, options.beta, c + e * g.m * g.n, 0,
                                    1);
       return;
     }
-    cuda_impl::gemm_batched<T>(ctx, options.transpose_a, options.transpose_b, g.m, g.n, g.k,
+    cuda_impl::gemm_batched<T>(exec, options.transpose_a, options.transpose_b, g.m, g.n, g.k,
                                options.alpha, a, g.m * g.k, b, g.k * g.n, options.beta, c,
                                g.m * g.n, g.batch);
   }

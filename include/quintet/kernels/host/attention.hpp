@@ -226,7 +226,7 @@ inline std::int64_t block_keys(attention_mask mask, std::int64_t i0, std::int64_
 // float / double through matrix products. Per (batch, head) and block of queries [i0, i1):
 //   S = scale Q[i0:i1] K[0:cols]^T,  P = masked softmax(S) (lse saved),  O[i0:i1] = P V[0:cols].
 template <class T>
-void attention_forward_products(const execution<host>& ctx, rows3<const T> q, rows3<const T> k,
+void attention_forward_products(const execution<host>& exec, rows3<const T> q, rows3<const T> k,
                                 rows3<const T> v, rows3<T> out, T* lse, attention_sizes n, T scale,
                                 attention_mask mask = attention_mask::causal) {
   const std::int64_t d = n.head_dim, block = attention_query_block, keys = n.keys();
@@ -247,10 +247,10 @@ void attention_forward_products(const execution<host>& ctx, rows3<const T> q, ro
       for (std::int64_t i0 = 0; i0 < n.seq; i0 += block) {
         const std::int64_t rows = std::min(block, n.seq - i0),
                            cols = block_keys(mask, i0, rows, keys);
-        gemm<T>(ctx, default_gemm_backend, false, true, rows, cols, d, scale,
+        gemm<T>(exec, default_gemm_backend, false, true, rows, cols, d, scale,
                 qh + i0 * q.seq_stride, q.seq_stride, kh, k.seq_stride, T(0), scores.data(), cols);
         softmax_weights(scores.data(), i0, rows, cols, lse_h, mask);
-        gemm<T>(ctx, default_gemm_backend, false, false, rows, d, cols, T(1), scores.data(), cols,
+        gemm<T>(exec, default_gemm_backend, false, false, rows, d, cols, T(1), scores.data(), cols,
                 vh, v.seq_stride, T(0), oh + i0 * out.seq_stride, out.seq_stride);
       }
     }
@@ -261,7 +261,7 @@ void attention_forward_products(const execution<host>& ctx, rows3<const T> q, ro
 //   dV[0:cols] += P^T dO[i0:i1],  dP = dO[i0:i1] V[0:cols]^T,  dS = P (dP - D),
 //   dQ[i0:i1] += scale dS K[0:cols],  dK[0:cols] += scale dS^T Q[i0:i1].
 template <class T>
-void attention_backward_block_products(const execution<host>& ctx, rows3<const T> q,
+void attention_backward_block_products(const execution<host>& exec, rows3<const T> q,
                                        rows3<const T> k, rows3<const T> v, rows3<const T> dout,
                                        const T* lse, const T* delta, rows3<T> dq, rows3<T> dk,
                                        rows3<T> dv, attention_sizes n, T scale,
@@ -287,12 +287,12 @@ void attention_backward_block_products(const execution<host>& ctx, rows3<const T
                            cols = block_keys(mask, i0, rows, keys);
         T* p = weights.data();
         T* dp = dweights.data();
-        gemm<T>(ctx, default_gemm_backend, false, true, rows, cols, d, scale,
+        gemm<T>(exec, default_gemm_backend, false, true, rows, cols, d, scale,
                 qh + i0 * q.seq_stride, q.seq_stride, kh, k.seq_stride, T(0), p, cols);
         recomputed_weights(p, i0, rows, cols, lse_h, mask);
-        gemm<T>(ctx, default_gemm_backend, true, false, cols, d, rows, T(1), p, cols,
+        gemm<T>(exec, default_gemm_backend, true, false, cols, d, rows, T(1), p, cols,
                 doh + i0 * dout.seq_stride, dout.seq_stride, T(1), dvh, dv.seq_stride);
-        gemm<T>(ctx, default_gemm_backend, false, true, rows, cols, d, T(1),
+        gemm<T>(exec, default_gemm_backend, false, true, rows, cols, d, T(1),
                 doh + i0 * dout.seq_stride, dout.seq_stride, vh, v.seq_stride, T(0), dp, cols);
         for (std::int64_t r = 0; r < rows; ++r) {
           const T delta_i = delta_h[i0 + r];
@@ -300,9 +300,9 @@ void attention_backward_block_products(const execution<host>& ctx, rows3<const T
           const T* p_row = p + r * cols;
           lane_map(dp_row, cols, [&](std::int64_t j) { return p_row[j] * (dp_row[j] - delta_i); });
         }
-        gemm<T>(ctx, default_gemm_backend, false, false, rows, d, cols, scale, dp, cols, kh,
+        gemm<T>(exec, default_gemm_backend, false, false, rows, d, cols, scale, dp, cols, kh,
                 k.seq_stride, T(1), dqh + i0 * dq.seq_stride, dq.seq_stride);
-        gemm<T>(ctx, default_gemm_backend, true, false, cols, d, rows, scale, dp, cols,
+        gemm<T>(exec, default_gemm_backend, true, false, cols, d, rows, scale, dp, cols,
                 qh + i0 * q.seq_stride, q.seq_stride, T(1), dkh, dk.seq_stride);
       }
     }
@@ -310,7 +310,7 @@ void attention_backward_block_products(const execution<host>& ctx, rows3<const T
 
 // The whole causal backward through products: delta, then one block holding every key.
 template <class T>
-void attention_backward_products(const execution<host>& ctx, rows3<const T> q, rows3<const T> k,
+void attention_backward_products(const execution<host>& exec, rows3<const T> q, rows3<const T> k,
                                  rows3<const T> v, rows3<const T> out, const T* lse,
                                  rows3<const T> dout, rows3<T> dq, rows3<T> dk, rows3<T> dv,
                                  attention_sizes n, T scale) {
@@ -320,7 +320,7 @@ void attention_backward_products(const execution<host>& ctx, rows3<const T> q, r
   zero_rows(dv, n.batch, n.seq, width);
   std::vector<T> delta(static_cast<std::size_t>(n.batch * n.heads * n.seq));
   attention_delta_rows<T>(dout, out, delta.data(), n);
-  attention_backward_block_products<T>(ctx, q, k, v, dout, lse, delta.data(), dq, dk, dv, n, scale,
+  attention_backward_block_products<T>(exec, q, k, v, dout, lse, delta.data(), dq, dk, dv, n, scale,
                                        attention_mask::causal);
 }
 
@@ -356,34 +356,34 @@ void attention_merge_rows(rows3<T> out, Acc* lse, rows3<const T> block_out, cons
 }
 
 template <class T, class Acc = accumulator_t<T>>
-void attention_forward(const execution<host>& ctx, rows3<const T> q, rows3<const T> k,
+void attention_forward(const execution<host>& exec, rows3<const T> q, rows3<const T> k,
                        rows3<const T> v, rows3<T> out, Acc* lse, attention_sizes n, Acc scale,
                        attention_mask mask = attention_mask::causal) {
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-    attention_forward_products<T>(ctx, q, k, v, out, lse, n, scale, mask);
+    attention_forward_products<T>(exec, q, k, v, out, lse, n, scale, mask);
   } else {
     attention_forward_rows<T>(q, k, v, out, lse, n, scale, mask);
   }
 }
 
 template <class T, class Acc = accumulator_t<T>>
-void attention_backward(const execution<host>& ctx, rows3<const T> q, rows3<const T> k,
+void attention_backward(const execution<host>& exec, rows3<const T> q, rows3<const T> k,
                         rows3<const T> v, rows3<const T> out, const Acc* lse, rows3<const T> dout,
                         rows3<T> dq, rows3<T> dk, rows3<T> dv, attention_sizes n, Acc scale) {
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-    attention_backward_products<T>(ctx, q, k, v, out, lse, dout, dq, dk, dv, n, scale);
+    attention_backward_products<T>(exec, q, k, v, out, lse, dout, dq, dk, dv, n, scale);
   } else {
     attention_backward_rows<T>(q, k, v, out, lse, dout, dq, dk, dv, n, scale);
   }
 }
 
 template <class T, class Acc = accumulator_t<T>>
-void attention_backward_block(const execution<host>& ctx, rows3<const T> q, rows3<const T> k,
+void attention_backward_block(const execution<host>& exec, rows3<const T> q, rows3<const T> k,
                               rows3<const T> v, rows3<const T> dout, const Acc* lse,
                               const Acc* delta, rows3<T> dq, rows3<T> dk, rows3<T> dv,
                               attention_sizes n, Acc scale, attention_mask mask) {
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-    attention_backward_block_products<T>(ctx, q, k, v, dout, lse, delta, dq, dk, dv, n, scale,
+    attention_backward_block_products<T>(exec, q, k, v, dout, lse, delta, dq, dk, dv, n, scale,
                                          mask);
   } else {
     attention_backward_block_rows<T>(q, k, v, dout, lse, delta, dq, dk, dv, n, scale, mask);

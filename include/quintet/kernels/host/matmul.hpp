@@ -33,7 +33,7 @@ inline constexpr gemm_backend default_gemm_backend =
 // One float/double product C (m, n) = alpha op(A) op(B) + beta C, m, n, k >= 0, on row-major
 // matrices with leading dimensions (row strides) lda, ldb, ldc, with the chosen backend.
 template <class T>
-void gemm(const execution<host>& ctx, gemm_backend backend, bool transpose_a, bool transpose_b,
+void gemm(const execution<host>& exec, gemm_backend backend, bool transpose_a, bool transpose_b,
           std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a, std::int64_t lda,
           const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
 #if defined(QUINTET_WITH_BLAS)
@@ -44,13 +44,13 @@ void gemm(const execution<host>& ctx, gemm_backend backend, bool transpose_a, bo
                   "matmul: sizes m={} n={} k={} (leading dimensions {}, {}, {}) exceed what "
                   "CBLAS's int arguments can address",
                   m, n, k, lda, ldb, ldc);
-    use_blas_threads(ctx.threads());
+    use_blas_threads(exec.threads());
     gemm_blas(transpose_a, transpose_b, m, n, k, alpha, a, std::max<std::int64_t>(lda, 1), b,
               std::max<std::int64_t>(ldb, 1), beta, c, std::max<std::int64_t>(ldc, 1));
     return;
   }
 #else
-  (void)ctx;
+  (void)exec;
   (void)backend;
 #endif
   gemm_portable<T>(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
@@ -58,30 +58,30 @@ void gemm(const execution<host>& ctx, gemm_backend backend, bool transpose_a, bo
 
 // The same on dense matrices (leading dimensions from the shapes).
 template <class T>
-void gemm(const execution<host>& ctx, gemm_backend backend, bool transpose_a, bool transpose_b,
+void gemm(const execution<host>& exec, gemm_backend backend, bool transpose_a, bool transpose_b,
           std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a, const T* b, T beta,
           T* c) {
-  gemm<T>(ctx, backend, transpose_a, transpose_b, m, n, k, alpha, a, transpose_a ? m : k, b,
+  gemm<T>(exec, backend, transpose_a, transpose_b, m, n, k, alpha, a, transpose_a ? m : k, b,
           transpose_b ? k : n, beta, c, n);
 }
 
 // The batched product described by `g` (see matmul_geometry.hpp) on contiguous row-major data.
 template <class T>
-void matmul(const execution<host>& ctx, gemm_backend backend, const matmul_geometry& g,
+void matmul(const execution<host>& exec, gemm_backend backend, const matmul_geometry& g,
             const matmul_options& options, const T* a, const T* b, T* c) {
   using acc = accumulator_t<T>;
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
     const T alpha = static_cast<T>(options.alpha), beta = static_cast<T>(options.beta);
     if (g.broadcast_b && !options.transpose_a) {
       // (batch, m, k) x (k, n): the batch folds into the rows of one product.
-      gemm<T>(ctx, backend, false, options.transpose_b, g.batch * g.m, g.n, g.k, alpha, a, b, beta,
+      gemm<T>(exec, backend, false, options.transpose_b, g.batch * g.m, g.n, g.k, alpha, a, b, beta,
               c);
       return;
     }
     const std::int64_t a_step = g.m * g.k, b_step = g.broadcast_b ? 0 : g.k * g.n,
                        c_step = g.m * g.n;
     for (std::int64_t e = 0; e < g.batch; ++e)
-      gemm<T>(ctx, backend, options.transpose_a, options.transpose_b, g.m, g.n, g.k, alpha,
+      gemm<T>(exec, backend, options.transpose_a, options.transpose_b, g.m, g.n, g.k, alpha,
               a + e * a_step, b + e * b_step, beta, c + e * c_step);
   } else {
     // bf16 / half: widen to float, multiply, round once at the end.
@@ -95,7 +95,7 @@ void matmul(const execution<host>& ctx, gemm_backend backend, const matmul_geome
     for (std::int64_t i = 0; i < b_count; ++i) b_wide[i] = static_cast<float>(b[i]);
     if (options.beta != 0.0)
       for (std::int64_t i = 0; i < c_count; ++i) c_wide[i] = static_cast<float>(c[i]);
-    matmul<float>(ctx, backend, g, options, a_wide.data(), b_wide.data(), c_wide.data());
+    matmul<float>(exec, backend, g, options, a_wide.data(), b_wide.data(), c_wide.data());
     for (std::int64_t i = 0; i < c_count; ++i) c[i] = T(c_wide[i]);
   }
 }
