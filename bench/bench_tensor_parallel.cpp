@@ -20,11 +20,11 @@ namespace {
 
 using quintet::host;
 namespace par = quintet::parallel;
-using tp_plan = quintet::plan<par::tensor<par::megatron_1d>>;
+using tp_plan = quintet::plan<par::tp<par::megatron_1d>>;
 using megatron_sp_plan =
-    quintet::plan<par::tensor<par::megatron_1d>, par::sequence<par::megatron_sp>>;
-using ulysses_plan = quintet::plan<par::sequence<par::ulysses>>;
-using ring_plan = quintet::plan<par::sequence<par::ring>>;
+    quintet::plan<par::tp<par::megatron_1d>, par::sp<par::megatron_sp>>;
+using ulysses_plan = quintet::plan<par::sp<par::ulysses>>;
+using ring_plan = quintet::plan<par::sp<par::ring>>;
 using counted_comm = quintet::counting_comm<quintet::thread_comm>;
 using mesh_type = quintet::device_mesh<counted_comm>;
 

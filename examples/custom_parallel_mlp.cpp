@@ -9,6 +9,7 @@
 #include <quintet/mesh/device_mesh.hpp>
 #include <quintet/nn/linear.hpp>
 #include <quintet/parallel/placement.hpp>
+#include <quintet/parallel/plan.hpp>
 #include <quintet/parallel/tensor/column_linear.hpp>
 #include <quintet/parallel/tensor/row_linear.hpp>
 #include <quintet/tensor/copy.hpp>
@@ -85,8 +86,10 @@ int main() {
   double worst_y = 0, worst_dx = 0;
   quintet::thread_world{2}.run([&](quintet::thread_comm& world) {
     quintet::device_mesh<quintet::thread_comm> mesh(world, {.tp = 2});
-    quintet::nn::parameter_registry<float, host> params(
-        seed, quintet::parallel::position_in(mesh.layout(), world.rank()));
+    // The registry takes this rank's place from the mesh, and from the plan which gradients are left
+    // partial (none under plain tensor parallelism).
+    using tp_plan = quintet::plan<quintet::parallel::tp<quintet::parallel::megatron_1d>>;
+    quintet::nn::parameter_registry<float, host> params(seed, mesh, tp_plan{});
     using column = quintet::parallel::column_linear<float, host, quintet::thread_comm>;
     using row = quintet::parallel::row_linear<float, host, quintet::thread_comm>;
     two_layer_mlp<column, row> parallel{

@@ -195,15 +195,15 @@ struct plan_type {
 template <class Fn>
 void with_plan(const std::string& sp_style, Fn&& fn) {
   namespace par = quintet::parallel;
-  using tensor = par::tensor<par::megatron_1d>;
+  using tensor = par::tp<par::megatron_1d>;
   if (sp_style == "none") {
     fn(plan_type<quintet::plan<tensor>>{});
   } else if (sp_style == "megatron") {
-    fn(plan_type<quintet::plan<tensor, par::sequence<par::megatron_sp>>>{});
+    fn(plan_type<quintet::plan<tensor, par::sp<par::megatron_sp>>>{});
   } else if (sp_style == "ulysses") {
-    fn(plan_type<quintet::plan<tensor, par::sequence<par::ulysses>>>{});
+    fn(plan_type<quintet::plan<tensor, par::sp<par::ulysses>>>{});
   } else if (sp_style == "ring") {
-    fn(plan_type<quintet::plan<tensor, par::sequence<par::ring>>>{});
+    fn(plan_type<quintet::plan<tensor, par::sp<par::ring>>>{});
   } else {
     QUINTET_FAIL("--sp-style {}: expected none, megatron, ulysses or ring", sp_style);
   }

@@ -36,7 +36,7 @@ std::vector<rank_measure> measure(quintet::mesh_degrees degrees, std::int64_t la
     counted_comm counted(world.split(0, world.rank()));
     counted_mesh mesh(counted, degrees);
     quintet::nn::parameter_registry<float, host> registry(
-        seed, par::position_in(mesh.layout(), world.rank()));
+        seed, mesh, Plan{});
     quintet::nn::gpt<float, host, Plan, counted_mesh> model(registry, exec, layered, &mesh);
     const auto batch = source.batch(0, {0, 4}, 8);
     rank_measure& mine = out[world.rank()];

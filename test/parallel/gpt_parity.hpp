@@ -26,11 +26,11 @@ namespace quintet::test {
 
 using quintet::host;
 namespace par = quintet::parallel;
-using tp_plan = quintet::plan<par::tensor<par::megatron_1d>>;
+using tp_plan = quintet::plan<par::tp<par::megatron_1d>>;
 using megatron_sp_plan =
-    quintet::plan<par::tensor<par::megatron_1d>, par::sequence<par::megatron_sp>>;
-using ulysses_plan = quintet::plan<par::tensor<par::megatron_1d>, par::sequence<par::ulysses>>;
-using ring_plan = quintet::plan<par::sequence<par::ring>, par::tensor<par::megatron_1d>>;
+    quintet::plan<par::tp<par::megatron_1d>, par::sp<par::megatron_sp>>;
+using ulysses_plan = quintet::plan<par::tp<par::megatron_1d>, par::sp<par::ulysses>>;
+using ring_plan = quintet::plan<par::sp<par::ring>, par::tp<par::megatron_1d>>;
 
 inline constexpr std::uint64_t seed = 31;
 inline constexpr int steps = 5;
@@ -109,15 +109,14 @@ run_result parallel_rank(Comm& world, quintet::mesh_degrees degrees,
   using mesh_type = quintet::device_mesh<Comm>;
   const quintet::execution<host> exec;
   mesh_type mesh(world, degrees);
-  quintet::nn::parameter_registry<float, host> registry(
-      seed, par::position_in(mesh.layout(), world.rank()));
+  quintet::nn::parameter_registry<float, host> registry(seed, mesh, Plan{});
   quintet::nn::gpt<float, host, Plan, mesh_type> model(registry, exec, setup.model, &mesh);
   quintet::optim::adamw<float, host> optimizer(registry, exec, adamw_settings);
   run_result out;
   for (int s = 0; s < steps; ++s)
     out.losses.push_back(train_step(
-        model, registry, optimizer, s, [&] { par::synchronize_gradients<Plan>(registry, mesh); },
-        [&] { return par::global_gradient_norm(exec, registry, mesh); }, setup));
+        model, registry, optimizer, s, [&] { par::synchronize_gradients(registry, mesh); },
+        [&] { return par::global_gradient_norm<Plan>(exec, registry, mesh); }, setup));
   keep_parameters(registry, out);
   return out;
 }

@@ -1,22 +1,33 @@
 // Each PLAN_CASE_* must fail to compile with the static_assert message its CTest test expects
 // (test/CMakeLists.txt); no case is built by default.
+#include <quintet/nn/gpt.hpp>
 #include <quintet/parallel/plan.hpp>
 
 namespace parallel = quintet::parallel;
 
 #if defined(PLAN_CASE_DUPLICATE)
-using bad =
-    quintet::plan<parallel::tensor<parallel::megatron_1d>, parallel::data<parallel::zero<0>>,
-                  parallel::tensor<parallel::megatron_1d>>;
+using bad = quintet::plan<parallel::tp<parallel::megatron_1d>, parallel::sp<parallel::ring>,
+                          parallel::tp<parallel::megatron_1d>>;
 #elif defined(PLAN_CASE_UNKNOWN)
 struct not_a_policy {};
-using bad = quintet::plan<parallel::data<parallel::zero<1>>, not_a_policy>;
+using bad = quintet::plan<parallel::tp<parallel::megatron_1d>, not_a_policy>;
 #elif defined(PLAN_CASE_WRONG_STYLE)
-using bad = quintet::plan<parallel::tensor<parallel::ulysses>>;
+using bad = quintet::plan<parallel::tp<parallel::ulysses>>;
 #elif defined(PLAN_CASE_MEGATRON_SP_WITHOUT_TP)
-using bad = quintet::plan<parallel::sequence<parallel::megatron_sp>>;
+using bad = quintet::plan<parallel::sp<parallel::megatron_sp>>;
 #elif defined(PLAN_CASE_ZERO_STAGE)
-using bad = quintet::plan<parallel::data<parallel::zero<4>>>;
+using bad = parallel::dp<parallel::zero<4>>;
+#elif defined(PLAN_CASE_DATA_NOT_IMPLEMENTED)
+// Data parallelism is named but not built: the plan refuses it rather than train serially.
+using bad = quintet::plan<parallel::dp<parallel::zero<3>>>;
+#elif defined(PLAN_CASE_PIPELINE_NOT_IMPLEMENTED)
+using bad = quintet::plan<parallel::pp<parallel::one_f_one_b>>;
+#elif defined(PLAN_CASE_NOT_A_SCHEDULE)
+using bad = parallel::pp<parallel::ring>;
+#elif defined(PLAN_CASE_NO_MESH)
+// A tensor-parallel model needs a device mesh type; no_mesh is the serial model's.
+using bad = quintet::nn::gpt<float, quintet::host, quintet::plan<parallel::tp<parallel::megatron_1d>>,
+                             parallel::no_mesh>;
 #endif
 
 int main() { return sizeof(bad) == 0; }

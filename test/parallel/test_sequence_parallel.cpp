@@ -84,7 +84,7 @@ TEST_CASE("sequence parallel plans of degree 1 are bit-identical to the serial G
 
 TEST_CASE("Ulysses GPT matches the serial GPT step by step", "[parity][sequence][ulysses]") {
   const run_result serial = serial_run();
-  using ulysses_only = quintet::plan<par::sequence<par::ulysses>>;
+  using ulysses_only = quintet::plan<par::sp<par::ulysses>>;
   for (const int sp : {2, 4}) require_plan_matches_serial<ulysses_only>(serial, {.sp = sp});
   require_plan_matches_serial<ulysses_plan>(serial, {.tp = 2, .sp = 2});
   require_plan_matches_serial<ulysses_plan>(serial, {.tp = 2, .sp = 4});
@@ -93,7 +93,7 @@ TEST_CASE("Ulysses GPT matches the serial GPT step by step", "[parity][sequence]
 
 TEST_CASE("ring attention GPT matches the serial GPT step by step", "[parity][sequence][ring]") {
   const run_result serial = serial_run();
-  using ring_only = quintet::plan<par::sequence<par::ring>>;
+  using ring_only = quintet::plan<par::sp<par::ring>>;
   for (const int sp : {2, 4}) require_plan_matches_serial<ring_only>(serial, {.sp = sp});
   require_plan_matches_serial<ring_plan>(serial, {.tp = 2, .sp = 2});
   require_plan_matches_serial<ring_plan>(serial, {.tp = 2, .sp = 4});
@@ -249,7 +249,7 @@ TEST_CASE("the vocabulary-parallel head never holds the whole logits", "[parity]
       const quintet::execution<host> exec;
       mesh_type mesh(world, {.tp = tp});
       quintet::nn::parameter_registry<float, host> registry(
-          seed, par::position_in(mesh.layout(), world.rank()));
+          seed, mesh, tp_plan{});
       quintet::nn::gpt<float, host, tp_plan, mesh_type> model(registry, exec, config, &mesh);
       const auto batch = source.batch(0, {0, 4}, 8);
       quintet::nn::context<host> ctx;
@@ -271,7 +271,7 @@ TEST_CASE("sequence parallel plans refuse what does not divide", "[parity][seque
       const quintet::execution<host> exec;
       mesh_type mesh(world, degrees);
       quintet::nn::parameter_registry<float, host> registry(
-          seed, par::position_in(mesh.layout(), world.rank()));
+          seed, mesh, Plan{});
       quintet::nn::gpt<float, host, Plan, mesh_type> model(registry, exec, cfg, &mesh);
       const auto batch = source.batch(0, {0, 2}, seq);
       quintet::nn::context<host> ctx;
@@ -314,7 +314,7 @@ TEST_CASE("ranks given different micro-batches are refused on every rank", "[par
       const quintet::execution<host> exec;
       mesh_type mesh(world, degrees);
       quintet::nn::parameter_registry<float, host> registry(
-          seed, par::position_in(mesh.layout(), world.rank()));
+          seed, mesh, Plan{});
       quintet::nn::gpt<float, host, Plan, mesh_type> model(registry, exec, config, &mesh);
       // Each rank reads its own rows, as a loader for other libraries' sequence parallelism would.
       const auto batch = source.batch(world.rank(), {0, 4}, 8);

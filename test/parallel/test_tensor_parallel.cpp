@@ -70,7 +70,7 @@ TEST_CASE("tensor parallelism rejects heads that do not divide over tp", "[parit
     const quintet::execution<host> exec;
     mesh_type mesh(world, {.tp = 3});
     quintet::nn::parameter_registry<float, host> registry(
-        1, par::position_in(mesh.layout(), world.rank()));
+        1, mesh, tp_plan{});
     quintet::nn::gpt<float, host, tp_plan, mesh_type> model(
         registry, exec, {.vocab = 8, .max_seq = 8, .layers = 1, .d_model = 12, .heads = 4}, &mesh);
   }),

@@ -173,10 +173,10 @@ TEST_CASE("padding targets: the step's mean runs over the targets that count", "
 namespace {
 
 namespace par = quintet::parallel;
-using ring_plan = quintet::plan<par::tensor<par::megatron_1d>, par::sequence<par::ring>>;
-using ulysses_plan = quintet::plan<par::tensor<par::megatron_1d>, par::sequence<par::ulysses>>;
+using ring_plan = quintet::plan<par::tp<par::megatron_1d>, par::sp<par::ring>>;
+using ulysses_plan = quintet::plan<par::tp<par::megatron_1d>, par::sp<par::ulysses>>;
 using megatron_sp_plan =
-    quintet::plan<par::tensor<par::megatron_1d>, par::sequence<par::megatron_sp>>;
+    quintet::plan<par::tp<par::megatron_1d>, par::sp<par::megatron_sp>>;
 
 // Two micro-batches, so the gradients sequence parallelism leaves partial are summed after both
 // backwards (once per step); clipping on, so the norm of the summed gradient decides the step.
@@ -245,7 +245,7 @@ TEST_CASE("the trainer under sequence parallel plans gives the serial losses",
 }
 
 TEST_CASE("the trainer refuses a mesh its plan does not use, naming the degree", "[train]") {
-  using tensor_plan = quintet::plan<par::tensor<par::megatron_1d>>;
+  using tensor_plan = quintet::plan<par::tp<par::megatron_1d>>;
   using mesh_type = quintet::device_mesh<quintet::thread_comm>;
   const quintet::markov_source source({.vocab = 8, .order = 1, .successors = 2, .seed = 1});
   std::vector<std::string> errors(2);
@@ -259,5 +259,5 @@ TEST_CASE("the trainer refuses a mesh its plan does not use, naming the degree",
     }
   });
   for (const auto& e : errors)
-    CHECK_THAT(e, Catch::Contains("the mesh has sp = 2 but the plan has no sequence<ulysses>"));
+    CHECK_THAT(e, Catch::Contains("the mesh has sp = 2 but the plan has no policy on the sp axis"));
 }

@@ -1,11 +1,16 @@
 // device_mesh<Comm>: the world communicator cut into one communicator per parallel axis (tp, sp,
-// dp, pp) plus the expert groups (ep, edp), with this rank's coordinates (see mesh_layout.hpp).
+// dp, pp) plus the expert groups (ep, edp), with this rank's coordinates (see mesh_layout.hpp),
+// and product groups over several axes (group({sp, dp})) made on first use.
 #pragma once
 
 #include <quintet/comm/communicator.hpp>
+#include <quintet/mesh/mesh_axis.hpp>
 #include <quintet/mesh/mesh_layout.hpp>
 
+#include <concepts>
 #include <cstddef>
+#include <map>
+#include <memory>
 #include <string_view>
 #include <type_traits>
 #include <utility>
@@ -16,22 +21,26 @@ namespace quintet {
 template <communicator Comm>
 class device_mesh {
  public:
+  using communicator_type = Comm;
+
   // Collective over `world`: every rank constructs its mesh with the same degrees. Communicators
-  // that can carry an axis label (counting_comm) are labelled with the axis name.
+  // that can carry an axis label (counting_comm) are labelled with the axis name. The mesh keeps
+  // a reference to `world` to cut product groups from it: `world` must outlive the mesh.
   device_mesh(Comm& world, mesh_degrees degrees)
-      : layout_(degrees, world.size()),
+      : world_(&world),
+        layout_(degrees, world.size()),
         world_rank_(world.rank()),
         coordinates_(layout_.coordinates_of(world_rank_)) {
     groups_.reserve(all_mesh_axes.size());
     for (const mesh_axis axis : all_mesh_axes) {
       Comm group = world.split(layout_.group_id(axis, world_rank_),
                                layout_.index_in_group(axis, world_rank_));
-      if constexpr (requires { group.set_axis_label(std::string_view{}); }) {
-        group.set_axis_label(name_of(axis));
-      }
+      label(group, name_of(axis));
       groups_.push_back(std::move(group));
     }
   }
+  device_mesh(const device_mesh&) = delete;
+  device_mesh& operator=(const device_mesh&) = delete;
 
   const mesh_layout& layout() const { return layout_; }
   const mesh_degrees& degrees() const { return layout_.degrees(); }
@@ -46,15 +55,51 @@ class device_mesh {
   Comm& ep() { return axis(mesh_axis::ep); }
   Comm& expert_dp() { return axis(mesh_axis::edp); }
 
+  // The communicator of the ranks that agree on every axis outside `axes` (ordered by their
+  // coordinates on `axes`, fastest first): one all-reduce over sp x dp instead of two. A single
+  // axis is that axis' communicator. A set's first use is collective over the world (a split),
+  // so every rank must ask for the same sets in the same order; later uses are cached.
+  Comm& group(mesh_axis_set axes) {
+    if (axes.count() == 1) {
+      mesh_axis only = mesh_axis::tp;
+      axes.for_each([&](mesh_axis axis) { only = axis; });
+      return axis(only);
+    }
+    const auto found = products_.find(axes);
+    if (found != products_.end()) return *found->second;
+    auto product = std::make_unique<Comm>(world_->split(layout_.group_id(axes, world_rank_),
+                                                        layout_.index_in_group(axes, world_rank_)));
+    label(*product, name_of(axes));
+    return *products_.emplace(axes, std::move(product)).first->second;
+  }
+
  private:
+  static void label(Comm& group, std::string_view name) {
+    if constexpr (requires { group.set_axis_label(name); }) group.set_axis_label(name);
+  }
+
+  Comm* world_;
   mesh_layout layout_;
   int world_rank_;
   mesh_coordinates coordinates_;
-  std::vector<Comm> groups_;  // indexed by mesh_axis
+  std::vector<Comm> groups_;                                // indexed by mesh_axis
+  std::map<mesh_axis_set, std::unique_ptr<Comm>> products_;  // product groups made so far
 };
 
 // The communicator type of a device_mesh (what its axes are).
 template <class Mesh>
-using communicator_of = std::remove_reference_t<decltype(std::declval<Mesh&>().tp())>;
+using communicator_of = typename Mesh::communicator_type;
+
+// mesh_like<M>: a device mesh layers can run a parallel plan on — its layout and degrees, one
+// communicator per axis and product groups. parallel::no_mesh (the serial model's) is not one.
+template <class M>
+concept mesh_like = communicator<typename M::communicator_type> &&
+    requires(M& m, const M& cm, mesh_axis axis, mesh_axis_set axes) {
+  { cm.layout() } -> std::same_as<const mesh_layout&>;
+  { cm.degrees() } -> std::same_as<const mesh_degrees&>;
+  { cm.world_rank() } -> std::same_as<int>;
+  { m.axis(axis) } -> std::same_as<typename M::communicator_type&>;
+  { m.group(axes) } -> std::same_as<typename M::communicator_type&>;
+};
 
 }  // namespace quintet

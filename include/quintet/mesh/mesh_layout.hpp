@@ -1,6 +1,7 @@
 // mesh_layout: which world rank holds which (pp, dp, sp, tp) coordinates, as plain data testable
 // without a communicator. tp varies fastest, then sp, then dp, then pp (Megatron's order, so a tp
-// group sits on the fastest links); the expert groups subdivide dp.
+// group sits on the fastest links); the expert groups subdivide dp. A group is given by one axis or
+// by a set of axes (a product group: the ranks that agree on every other axis, sp x dp say).
 //
 //   world 8, {.dp = 2, .pp = 2, .tp = 2}:      rank = tp + tp_size * (sp + sp_size * (dp + dp_size
 //   * pp))
@@ -12,6 +13,7 @@
 #pragma once
 
 #include <quintet/core/error.hpp>
+#include <quintet/mesh/mesh_axis.hpp>
 
 #include <array>
 #include <cstdint>
@@ -28,31 +30,6 @@ struct mesh_degrees {
   int sp = 1;
   int ep = 1;
 };
-
-// The communicator groups of a mesh: one per axis, plus the expert (ep) and expert-data (edp,
-// size dp / ep) groups that subdivide dp.
-enum class mesh_axis : std::uint8_t { tp, sp, dp, pp, ep, edp };
-
-inline constexpr std::array<mesh_axis, 6> all_mesh_axes = {
-    mesh_axis::tp, mesh_axis::sp, mesh_axis::dp, mesh_axis::pp, mesh_axis::ep, mesh_axis::edp};
-
-constexpr std::string_view name_of(mesh_axis axis) {
-  switch (axis) {
-    case mesh_axis::tp:
-      return "tp";
-    case mesh_axis::sp:
-      return "sp";
-    case mesh_axis::dp:
-      return "dp";
-    case mesh_axis::pp:
-      return "pp";
-    case mesh_axis::ep:
-      return "ep";
-    case mesh_axis::edp:
-      return "edp";
-  }
-  return "unknown";
-}
 
 // A rank's place in the mesh. ep = dp % ep_degree and edp = dp / ep_degree are derived from dp.
 struct mesh_coordinates {
@@ -157,8 +134,60 @@ class mesh_layout {
     return rank_of(moved(coordinates_of(rank), axis, 0));
   }
 
+  // Product groups. ep and edp subdivide dp, so a set may hold dp or either of them, not both.
+  void check_axes(mesh_axis_set axes) const {
+    QUINTET_CHECK(!axes.contains(mesh_axis::dp) ||
+                      !(axes.contains(mesh_axis::ep) || axes.contains(mesh_axis::edp)),
+                  "mesh_layout: the axis set {} names dp and an expert axis that subdivides it",
+                  name_of(axes));
+  }
+
+  // Ranks in the product group of `axes`: the product of their sizes (1 for the empty set).
+  int size(mesh_axis_set axes) const {
+    check_axes(axes);
+    int n = 1;
+    axes.for_each([&](mesh_axis axis) { n *= size(axis); });
+    return n;
+  }
+
+  // The rank's index in its product group: its coordinates on `axes` as a mixed-radix number,
+  // fastest axis first (so {ep, edp} numbers ranks as dp does).
+  int index_in_group(mesh_axis_set axes, int rank) const {
+    check_axes(axes);
+    int index = 0, stride = 1;
+    axes.for_each([&](mesh_axis axis) {
+      index += stride * index_in_group(axis, rank);
+      stride *= size(axis);
+    });
+    return index;
+  }
+
+  // The world ranks of the rank's product group along `axes`, in group order.
+  std::vector<int> group_members(mesh_axis_set axes, int rank) const {
+    std::vector<int> members(static_cast<std::size_t>(size(axes)), -1);
+    const mesh_coordinates mine = coordinates_of(rank);
+    for (int other = 0; other < world_size_; ++other)
+      if (agree_outside(axes, mine, coordinates_of(other)))
+        members[static_cast<std::size_t>(index_in_group(axes, other))] = other;
+    return members;
+  }
+
+  // The product group's lowest world rank: the color for split().
+  int group_id(mesh_axis_set axes, int rank) const { return group_members(axes, rank).front(); }
+
  private:
   // `at` with its coordinate along `axis` set to `index`.
+  // Whether a and b agree on every coordinate outside `axes` (dp counts as outside when neither
+  // it nor an expert axis is in the set; an expert axis frees only its part of dp).
+  static bool agree_outside(mesh_axis_set axes, const mesh_coordinates& a,
+                            const mesh_coordinates& b) {
+    const auto same = [&](mesh_axis axis, int x, int y) { return axes.contains(axis) || x == y; };
+    const bool dp_free = axes.contains(mesh_axis::dp);
+    return same(mesh_axis::tp, a.tp, b.tp) && same(mesh_axis::sp, a.sp, b.sp) &&
+           same(mesh_axis::pp, a.pp, b.pp) &&
+           (dp_free || (same(mesh_axis::ep, a.ep, b.ep) && same(mesh_axis::edp, a.edp, b.edp)));
+  }
+
   mesh_coordinates moved(mesh_coordinates at, mesh_axis axis, int index) const {
     switch (axis) {
       case mesh_axis::tp:

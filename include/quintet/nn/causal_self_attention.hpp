@@ -35,9 +35,7 @@ template <class T, class Device, class Plan = serial_plan, class Mesh = parallel
 class causal_self_attention {
   using stat_type = kernels::accumulator_t<T>;
   using projections = parallel::projections<T, Device, Plan, Mesh>;
-  using sequence_style = typename Plan::template style<parallel::strategy::sequence>;
-  static constexpr bool ulysses = std::is_same_v<sequence_style, parallel::ulysses>;
-  static constexpr bool ring = std::is_same_v<sequence_style, parallel::ring>;
+  using sequence = parallel::sequence_of<Plan>;
 
  public:
   causal_self_attention(parameter_registry<T, Device>& registry, const execution<Device>& exec,
@@ -63,43 +61,36 @@ class causal_self_attention {
     QUINTET_CHECK(x.rank() == 3 && x.shape()[2] == d_model_,
                   "attention '{}': input has shape {}, expected (batch, seq, {})", name_, x.shape(),
                   d_model_);
-    quintet::tensor<T, Device> projected = qkv_.forward(ctx, x);       // (batch, seq, 3d / tp)
-    if constexpr (ulysses) projected = to_heads(projected.view(), 3);  // (batch, seq, 3d / tp sp)
+    // (batch, seq, 3d / tp); Ulysses: (batch, whole seq, 3d / (tp sp))
+    quintet::tensor<T, Device> projected = sequence::to_attention(mesh_, qkv_.forward(ctx, x), 3);
     const std::int64_t batch = projected.shape()[0], seq = projected.shape()[1];
     const std::int64_t width = projected.shape()[2] / 3, heads = attended_heads();
     auto& qkv = ctx.template save<T>(name_ + ".qkv_output", projected.shape());
     copy(qkv, projected);
     auto& out = ctx.template save<T>(name_ + ".attention_output", shape{batch, seq, width});
     auto& lse = ctx.template save<stat_type>(name_ + ".lse", shape{batch, heads, seq});
-    if constexpr (ring) {
-      parallel::ring_attention_forward(exec_, mesh_->sp(), part(qkv, 0), part(qkv, 1), part(qkv, 2),
-                                       out, lse, heads);
+    sequence::attention_forward(exec_, mesh_, part(qkv, 0), part(qkv, 1), part(qkv, 2), out, lse,
+                                heads);
+    if constexpr (sequence::attention_output_is_projection_input) {
+      // The output projection's dW needs `out`, which attention keeps anyway for its backward.
+      return proj_.forward_kept(ctx, name_ + ".attention_output");
     } else {
-      kernels::attention_forward(exec_, part(qkv, 0), part(qkv, 1), part(qkv, 2), out, lse, heads);
+      return proj_.forward(ctx, sequence::from_attention(mesh_, out.view(), 1).view());
     }
-    if constexpr (ulysses) return proj_.forward(ctx, to_sequence(out.view(), 1).view());
-    // The output projection's dW needs `out`, which attention keeps anyway for its backward.
-    return proj_.forward_kept(ctx, name_ + ".attention_output");
   }
 
   // dy (batch, seq, d) -> dx (batch, seq, d)
   quintet::tensor<T, Device> backward(context<Device>& ctx, tensor_view<const T, Device> dy) {
-    quintet::tensor<T, Device> dout = proj_.backward(ctx, dy);  // (batch, seq, d / tp)
-    if constexpr (ulysses) dout = to_heads(dout.view(), 1);
-    auto& qkv = ctx.template get<T>(name_ + ".qkv_output");
-    const auto& out = ctx.template get<T>(name_ + ".attention_output");
-    const auto& lse = ctx.template get<stat_type>(name_ + ".lse");
-    quintet::tensor<T, Device> dqkv(qkv.shape());  // (batch, seq, 3d / tp)
-    if constexpr (ring) {
-      parallel::ring_attention_backward(exec_, mesh_->sp(), part(qkv, 0), part(qkv, 1),
-                                        part(qkv, 2), out, lse, dout, part(dqkv, 0), part(dqkv, 1),
-                                        part(dqkv, 2), attended_heads());
-    } else {
-      kernels::attention_backward(exec_, part(qkv, 0), part(qkv, 1), part(qkv, 2), out, lse, dout,
-                                  part(dqkv, 0), part(dqkv, 1), part(dqkv, 2), attended_heads());
-    }
-    if constexpr (ulysses) dqkv = to_sequence(dqkv.view(), 3);
-    return qkv_.backward(ctx, dqkv.view());
+    return qkv_.backward(ctx, attention_backward(ctx, proj_.backward(ctx, dy)).view());
+  }
+
+  // The input pass (keeps each projection's dy) and the weight pass: together, backward's bits.
+  quintet::tensor<T, Device> backward_input(context<Device>& ctx, tensor_view<const T, Device> dy) {
+    return qkv_.backward_input(ctx, attention_backward(ctx, proj_.backward_input(ctx, dy)).view());
+  }
+  void backward_weight(context<Device>& ctx) {
+    proj_.backward_weight(ctx);
+    qkv_.backward_weight(ctx);
   }
 
   std::int64_t heads() const { return heads_; }
@@ -111,33 +102,35 @@ class causal_self_attention {
                   "attention '{}': {} heads do not divide d_model {}", name, heads, d_model);
     QUINTET_CHECK(heads % tp == 0, "attention '{}': {} heads do not divide over tp = {}", name,
                   heads, tp);
-    if constexpr (ulysses || ring) {
-      QUINTET_CHECK(mesh != nullptr,
-                    "attention '{}': a sequence-parallel plan needs the device mesh", name);
+    if constexpr (mesh_like<Mesh>) {
+      QUINTET_CHECK(mesh != nullptr, "attention '{}': a parallel plan needs the device mesh", name);
     }
-    if constexpr (ulysses) {
-      const int sp = mesh->sp().size();
-      QUINTET_CHECK(heads % (tp * sp) == 0,
-                    "attention '{}': {} heads do not divide over tp x sp = {} x {} (Ulysses gives "
-                    "each rank whole heads)",
-                    name, heads, tp, sp);
-    }
+    const std::int64_t split = sequence::head_split(mesh);
+    QUINTET_CHECK(heads % (tp * split) == 0,
+                  "attention '{}': {} heads do not divide over tp x {} = {} x {} (the plan's "
+                  "sequence style gives each rank whole heads)",
+                  name, heads, split, tp, split);
     return heads;
   }
 
-  // The heads this rank attends with: its tp share, and under Ulysses its sp share of those.
-  std::int64_t attended_heads() const {
-    if constexpr (ulysses) return local_heads_ / mesh_->sp().size();
-    return local_heads_;
+  // dout (batch, seq, d / tp), the output projection's input gradient -> dqkv (batch, seq, 3d / tp)
+  quintet::tensor<T, Device> attention_backward(context<Device>& ctx,
+                                                quintet::tensor<T, Device> projection_dx) {
+    // As attention saw it (Ulysses: the whole sequence for this rank's heads).
+    const quintet::tensor<T, Device> dout = sequence::to_attention(mesh_, std::move(projection_dx), 1);
+    auto& qkv = ctx.template get<T>(name_ + ".qkv_output");
+    const auto& out = ctx.template get<T>(name_ + ".attention_output");
+    const auto& lse = ctx.template get<stat_type>(name_ + ".lse");
+    quintet::tensor<T, Device> dqkv(qkv.shape());
+    sequence::attention_backward(exec_, mesh_, part(qkv, 0), part(qkv, 1), part(qkv, 2), out, lse,
+                                 dout, part(dqkv, 0), part(dqkv, 1), part(dqkv, 2),
+                                 attended_heads());
+    return sequence::from_attention(mesh_, std::move(dqkv), 3);
   }
 
-  // Ulysses: (batch, seq / sp, groups * w) -> (batch, seq, groups * w / sp) and back.
-  quintet::tensor<T, Device> to_heads(tensor_view<const T, Device> rows, std::int64_t groups) {
-    return parallel::sequence_to_heads(mesh_->sp(), rows, groups);
-  }
-  quintet::tensor<T, Device> to_sequence(tensor_view<const T, Device> heads, std::int64_t groups) {
-    return parallel::heads_to_sequence(mesh_->sp(), heads, groups);
-  }
+  // The heads this rank attends with: its tp share, and under Ulysses its sp share of those.
+  std::int64_t attended_heads() const { return local_heads_ / sequence::head_split(mesh_); }
+
 
   // q (0), k (1) or v (2): a (batch, seq, d / tp) column slice of the fused (batch, seq, 3d / tp)
   // tensor.

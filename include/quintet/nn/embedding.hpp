@@ -37,6 +37,9 @@ namespace quintet::nn {
 
 template <class T, class Device, class Plan = serial_plan, class Mesh = parallel::no_mesh>
 class embedding {
+  static_assert(parallel::mesh_for<Mesh, Plan>,
+                "nn::embedding<T, Device, Plan, Mesh>: a parallel plan needs a device mesh type "
+                "(Mesh = device_mesh<Comm>), not parallel::no_mesh");
   static constexpr bool vocab_parallel = parallel::uses_tensor_parallel<Plan>;
 
  public:
@@ -49,9 +52,7 @@ class embedding {
         shard_(parallel::vocab_shard_of(vocab, tp_size(mesh), tp_rank(mesh))),
         positions_(positions),
         d_model_(d_model),
-        tokens_(registry.add(name_ + ".token_weight",
-                             shape{parallel::padded_vocab(vocab, tp_size(mesh)), d_model},
-                             initializer::normal(init_stddev), token_placement())),
+        tokens_(add_token_table(registry, name_, vocab, d_model, init_stddev, mesh)),
         positions_table_(registry.add(name_ + ".position_weight", shape{positions, d_model},
                                       initializer::normal(init_stddev))) {}
   embedding(parameter_registry<T, Device>&, const execution<Device>&&, std::string, std::int64_t,
@@ -102,6 +103,28 @@ class embedding {
     });
   }
 
+  // Backward in two passes: the embedding has no input gradient, so the input pass only keeps dx
+  // (batch, rows of `activation`, d) and the weight pass scatters it, as backward does.
+  void backward_input(context<Device>& ctx, tensor_view<const T, Device> dx) {
+    copy(ctx.template save<T>(name_ + ".output_grad", dx.shape()), dx);
+  }
+  void backward_weight(context<Device>& ctx, const parallel::sequence_layout& activation) {
+    backward(ctx, ctx.template get<T>(name_ + ".output_grad").view(), activation);
+    ctx.erase(name_ + ".output_grad");
+  }
+
+  // Registers `name`.token_weight as the embedding does: (padded vocab, d), split on the
+  // vocabulary over tp, logical shape (vocab, d). A stage that holds a tied head without the
+  // embedding registers its copy of the table with this.
+  static parameter<T, Device>& add_token_table(parameter_registry<T, Device>& registry,
+                                               const std::string& name, std::int64_t vocab,
+                                               std::int64_t d_model, double init_stddev,
+                                               Mesh* mesh) {
+    return registry.add(name + ".token_weight",
+                        shape{parallel::padded_vocab(vocab, tp_size(mesh)), d_model},
+                        initializer::normal(init_stddev), token_placement(vocab, d_model));
+  }
+
   // (padded vocab / tp, d): this rank's rows of the token table.
   parameter<T, Device>& token_weight() { return tokens_; }
   const parallel::vocab_shard& shard() const { return shard_; }
@@ -121,10 +144,11 @@ class embedding {
     QUINTET_CHECK(mesh != nullptr, "embedding: a tensor-parallel plan needs the device mesh");
     return *mesh;
   }
-  static parallel::placement token_placement() {
-    if constexpr (vocab_parallel)
-      return parallel::placement::replicated().sharded(mesh_axis::tp, 0);
-    return parallel::placement::replicated();
+  // Stored as (padded vocab, d); its logical shape is the vocabulary's (vocab, d).
+  static parallel::placement token_placement(std::int64_t vocab, std::int64_t d_model) {
+    const auto logical = parallel::placement::replicated().with_logical_shape(shape{vocab, d_model});
+    if constexpr (vocab_parallel) return logical.sharded(mesh_axis::tp, 0);
+    return logical;
   }
 
   // A shard cannot tell an id outside the vocabulary from one another rank holds, so ids are

@@ -1,5 +1,7 @@
 // layer_norm: normalisation over the last dimension with a learned scale and shift (GPT's pre-LN
-// blocks and final norm). Keeps its input and each row's mean and 1/std for the backward.
+// blocks and final norm). Keeps its input and each row's mean and 1/std for the backward, which
+// comes whole or as an input pass (dx; keeps dy) and a weight pass (dgamma, dbeta; drops dy) with
+// the same bits.
 #pragma once
 
 #include <quintet/kernels/accumulator.hpp>
@@ -58,6 +60,29 @@ class layer_norm {
     kernels::layer_norm_backward(exec_, input, gamma_.value, mean_view(mean), mean_view(rstd), dy,
                                  dx, gamma_.grad, beta_.grad);
     return dx;
+  }
+
+  // The input pass: dy -> dx; keeps dy for backward_weight.
+  quintet::tensor<T, Device> backward_input(context<Device>& ctx, tensor_view<const T, Device> dy) {
+    const auto& input = ctx.template get<T>(name_ + ".input");
+    auto& mean = ctx.template get<stat_type>(name_ + ".mean");
+    auto& rstd = ctx.template get<stat_type>(name_ + ".rstd");
+    quintet::tensor<T, Device> dx(input.shape());
+    kernels::layer_norm_backward_input(exec_, input, gamma_.value, mean_view(mean), mean_view(rstd),
+                                       dy, dx);
+    copy(ctx.template save<T>(name_ + ".output_grad", dy.shape()), dy);
+    return dx;
+  }
+
+  // The weight pass: dgamma and dbeta from the kept input, statistics and dy (which it drops).
+  void backward_weight(context<Device>& ctx) {
+    const auto& input = ctx.template get<T>(name_ + ".input");
+    auto& mean = ctx.template get<stat_type>(name_ + ".mean");
+    auto& rstd = ctx.template get<stat_type>(name_ + ".rstd");
+    kernels::layer_norm_backward_weight(exec_, input, mean_view(mean), mean_view(rstd),
+                                        ctx.template get<T>(name_ + ".output_grad"), gamma_.grad,
+                                        beta_.grad);
+    ctx.erase(name_ + ".output_grad");
   }
 
  private:

@@ -1,6 +1,11 @@
 // linear: y = x W^T + b with W (out, in), the layout of every projection in a transformer. Keeps
 // its input in the context for the weight gradient. It computes on whatever part of W this rank
 // holds (its placement), which is how column_linear and row_linear reuse it.
+//
+// Backward comes whole (`backward`) or in two passes, as zero-bubble pipeline schedules run it:
+// `backward_input` returns dx = dy W and keeps dy; `backward_weight` later accumulates
+// dW += dy^T x and db += column sums of dy from the kept x and dy, and drops dy. The two passes
+// give the bits of the whole backward.
 #pragma once
 
 #include <quintet/core/error.hpp>
@@ -75,6 +80,27 @@ class linear {
     return backward_from(ctx.template get<T>(name_ + ".input"), dy);
   }
 
+  // The input pass: dy (..., out) -> dx (..., in). Keeps dy for backward_weight.
+  quintet::tensor<T, Device> backward_input(context<Device>& ctx, tensor_view<const T, Device> dy) {
+    const auto& x = ctx.template get<T>(name_ + ".input");
+    check_output_gradient(x.view(), dy);
+    copy(ctx.template save<T>(output_gradient_name(), dy.shape()), dy);
+    return input_gradient(dy);
+  }
+
+  // The weight pass: dW and db from the kept x and dy (which it drops).
+  void backward_weight(context<Device>& ctx) {
+    accumulate_weight_gradient(ctx.template get<T>(name_ + ".input").view(),
+                               ctx.template get<T>(output_gradient_name()).view());
+    ctx.erase(output_gradient_name());
+  }
+
+  // What backward_input keeps: the output gradient dy, for a caller whose own weight (a bias added
+  // after a reduction) needs it too.
+  const quintet::tensor<T, Device>& kept_output_gradient(const context<Device>& ctx) const {
+    return ctx.template get<T>(output_gradient_name());
+  }
+
   // The forward without keeping x, for callers that keep (or recompute) it themselves: a
   // sequence-parallel column_linear keeps its sequence shard and gathers it again in backward.
   quintet::tensor<T, Device> apply(tensor_view<const T, Device> x) {
@@ -88,17 +114,26 @@ class linear {
   // The backward from the forward's input x (..., in), however the caller kept it.
   quintet::tensor<T, Device> backward_from(tensor_view<const T, Device> x,
                                            tensor_view<const T, Device> dy) {
+    check_output_gradient(x, dy);
+    accumulate_weight_gradient(x, dy);
+    return input_gradient(dy);
+  }
+
+  // dx = dy W: dy (..., out) -> dx (..., in).
+  quintet::tensor<T, Device> input_gradient(tensor_view<const T, Device> dy) {
     check_last_dim(dy.shape(), out_, "output gradient");
-    QUINTET_CHECK(dy.shape() == x.shape().with_extent(x.rank() - 1, out_),
-                  "linear '{}': output gradient {} does not match the saved input {}", name_,
-                  dy.shape(), x.shape());
+    quintet::tensor<T, Device> dx(dy.shape().with_extent(dy.rank() - 1, in_));  // (..., in)
+    kernels::matmul(exec_, dy, matrix(weight_.value), dx);
+    return dx;
+  }
+
+  // dW += dy^T x and db += column sums of dy, from x (..., in) and dy (..., out).
+  void accumulate_weight_gradient(tensor_view<const T, Device> x, tensor_view<const T, Device> dy) {
+    check_output_gradient(x, dy);
     const std::int64_t rows = x.numel() / in_;
     kernels::matmul(exec_, reshape(dy, shape{rows, out_}), reshape(x, shape{rows, in_}),
                     matrix(weight_.grad), {.transpose_a = true, .beta = 1.0});
     if (bias_ != nullptr) kernels::bias_grad(exec_, dy, vector(bias_->grad));
-    quintet::tensor<T, Device> dx(x.shape());  // (..., in)
-    kernels::matmul(exec_, dy, matrix(weight_.value), dx);
-    return dx;
   }
 
   parameter<T, Device>& weight() { return weight_; }
@@ -123,11 +158,18 @@ class linear {
     const std::int64_t groups = options.output_groups;
     return groups == 1 ? shape{out} : shape{groups, out / groups};
   }
-  tensor_view<T, Device> matrix(quintet::tensor<T, Device>& w) const {
+  tensor_view<T, Device> matrix(tensor_view<T, Device> w) const {
     return reshape(w, shape{out_, in_});
   }
-  tensor_view<T, Device> vector(quintet::tensor<T, Device>& b) const {
-    return reshape(b, shape{out_});
+  tensor_view<T, Device> vector(tensor_view<T, Device> b) const { return reshape(b, shape{out_}); }
+  std::string output_gradient_name() const { return name_ + ".output_grad"; }
+
+  void check_output_gradient(tensor_view<const T, Device> x,
+                             tensor_view<const T, Device> dy) const {
+    check_last_dim(dy.shape(), out_, "output gradient");
+    QUINTET_CHECK(dy.shape() == x.shape().with_extent(x.rank() - 1, out_),
+                  "linear '{}': output gradient {} does not match the saved input {}", name_,
+                  dy.shape(), x.shape());
   }
 
   void check_last_dim(const shape& s, std::int64_t expected, const char* what) const {

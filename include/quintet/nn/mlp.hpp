@@ -52,6 +52,17 @@ class mlp {
     return fc_.backward(ctx, da.view());
   }
 
+  // The input pass (keeps each linear's dy) and the weight pass: together, backward's bits.
+  quintet::tensor<T, Device> backward_input(context<Device>& ctx, tensor_view<const T, Device> dy) {
+    quintet::tensor<T, Device> da = proj_.backward_input(ctx, dy);  // (..., hidden)
+    kernels::gelu_backward(exec_, ctx.template get<T>(name_ + ".gelu_input"), da, da);
+    return fc_.backward_input(ctx, da.view());
+  }
+  void backward_weight(context<Device>& ctx) {
+    proj_.backward_weight(ctx);
+    fc_.backward_weight(ctx);
+  }
+
  private:
   const execution<Device>& exec_;
   std::string name_;

@@ -2,22 +2,41 @@
 // (`blocks.3.attn.qkv.weight`), with its gradient, its placement over the mesh, and its
 // initialisation drawn from Philox keyed by (seed, name, global element index) — so a rank's shard
 // equals the same slice of the serial model's parameter.
+//
+// Values and gradients are views. While a model is being built each parameter has storage of its
+// own; flatten() (or the first buckets()) moves them into flat buffers, one per set of axes their
+// gradient is partial over — the unit gradient synchronisation reduces in one collective and
+// ZeRO will shard (megatron_sp, say):
+//
+//   bucket {partial: -}    [ qkv.weight | pad | proj.weight | pad | fc.weight | ... ]
+//   bucket {partial: tp}   [ ln1.weight | pad | ln1.bias | pad | proj.bias | ... ]
+// Each parameter starts on a 64-byte boundary, as its own allocation did, so kernels see the same
+// alignment (and give the same bits) before and after.
 #pragma once
 
 #include <quintet/core/error.hpp>
 #include <quintet/core/philox.hpp>
 #include <quintet/core/shape.hpp>
+#include <quintet/mesh/device_mesh.hpp>
+#include <quintet/mesh/mesh_axis.hpp>
 #include <quintet/parallel/placement.hpp>
+#include <quintet/tensor/copy.hpp>
 #include <quintet/tensor/fill.hpp>
 #include <quintet/tensor/random.hpp>
 #include <quintet/tensor/region.hpp>
+#include <quintet/tensor/reshape.hpp>
+#include <quintet/tensor/slice.hpp>
 #include <quintet/tensor/tensor.hpp>
+#include <quintet/tensor/tensor_view.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 namespace quintet::nn {
 
@@ -41,37 +60,71 @@ enum class weight_decay : std::uint8_t { apply, exempt };
 template <class T, class Device>
 struct parameter {
   std::string name;
-  quintet::shape global_shape;       // the serial model's shape
-  parallel::placement placement;     // how it is laid out over the mesh
-  region local;                      // the block of global_shape this rank holds
-  quintet::tensor<T, Device> value;  // local_shape(local)
-  quintet::tensor<T, Device> grad;   // same shape, accumulated by backward
+  quintet::shape global_shape;            // the serial model's (stored) shape
+  parallel::placement placement;          // how it is laid out over the mesh
+  region local;                           // the block of global_shape this rank holds
+  quintet::tensor_view<T, Device> value;  // local_shape(local)
+  quintet::tensor_view<T, Device> grad;   // same shape, accumulated by backward
   nn::weight_decay decay = nn::weight_decay::apply;
+};
+
+// Parameters flattened together: the same axes their gradient is partial over (and the registry's
+// one dtype), so one collective per bucket completes them. `offsets[i]` is where parameters[i]
+// starts in `values` and `grads`.
+template <class T, class Device>
+struct parameter_bucket {
+  mesh_axis_set partial_axes;
+  quintet::tensor<T, Device> values;  // (padded elements)
+  quintet::tensor<T, Device> grads;   // (padded elements); padding stays zero
+  std::vector<parameter<T, Device>*> parameters;
+  std::vector<std::int64_t> offsets;
 };
 
 template <class T, class Device>
 class parameter_registry {
  public:
-  // `seed` keys every parameter's initialisation; `position` is this rank's place on the mesh
-  // (all degrees 1 for the serial model).
-  explicit parameter_registry(std::uint64_t seed, parallel::mesh_position position = {})
-      : seed_(seed), position_(position) {}
+  // Which axes a parameter's gradient is left partial over, given its placement (a plan's rule).
+  using partial_rule = mesh_axis_set (*)(const parallel::placement&);
+
+  // The serial model's registry: every degree 1, nothing partial. `seed` keys every parameter's
+  // initialisation.
+  explicit parameter_registry(std::uint64_t seed) : seed_(seed) {}
+
+  // A rank's registry under a plan: its place on `mesh` picks the block of each parameter it
+  // holds, and the plan says which gradients backward leaves partial (Plan{} is a tag).
+  template <class Plan, mesh_like Mesh>
+  parameter_registry(std::uint64_t seed, const Mesh& mesh, Plan)
+      : seed_(seed),
+        position_(parallel::position_in(mesh.layout(), mesh.world_rank())),
+        partial_(&Plan::partial_gradient_axes) {}
+
+  // The same from a position given by hand (unit tests of placement without a mesh).
+  parameter_registry(std::uint64_t seed, parallel::mesh_position position,
+                     partial_rule partial = nullptr)
+      : seed_(seed), position_(position), partial_(partial) {}
 
   parameter_registry(const parameter_registry&) = delete;
   parameter_registry& operator=(const parameter_registry&) = delete;
 
   // Creates, initialises and zero-grads a parameter. The returned reference stays valid for the
-  // registry's lifetime (layers keep it).
+  // registry's lifetime (layers keep it); its value and grad views follow flatten().
   parameter<T, Device>& add(std::string name, shape global, initializer init,
                             parallel::placement where = parallel::placement::replicated(),
                             weight_decay decay = weight_decay::apply) {
+    QUINTET_CHECK(buckets_.empty(),
+                  "parameter_registry: '{}' is added after the parameters were flattened into "
+                  "buckets; build the whole model first",
+                  name);
     for (const auto& p : parameters_)
       QUINTET_CHECK(p.name != name, "parameter_registry: a parameter named '{}' already exists",
                     name);
+    if (partial_ != nullptr) where = where.partial(where.partial_axes() | partial_(where));
     const region local = where.local_region(global, position_);
-    parameter<T, Device>& p = parameters_.emplace_back(parameter<T, Device>{
-        std::move(name), global, where, local, quintet::tensor<T, Device>(local.local_shape()),
-        quintet::tensor<T, Device>(local.local_shape()), decay});
+    auto& storage = own_storage_.emplace_back(quintet::tensor<T, Device>(local.local_shape()),
+                                              quintet::tensor<T, Device>(local.local_shape()));
+    parameter<T, Device>& p = parameters_.emplace_back(
+        parameter<T, Device>{std::move(name), global, where, local, storage.first.view(),
+                             storage.second.view(), decay});
     const rng_key key{.seed = seed_, .stream = rng_stream_for(p.name)};
     switch (init.type) {
       case initializer::kind::normal:
@@ -95,8 +148,66 @@ class parameter_registry {
   }
 
   void zero_grad() {
+    if (!buckets_.empty()) {
+      for (auto& bucket : buckets_) fill(bucket.grads, T(0));
+      return;
+    }
     for (auto& p : parameters_) fill(p.grad, T(0));
   }
+
+  // Moves every parameter's value and gradient into its bucket's flat buffers (bit for bit) and
+  // frees their own storage. Once flattened, no parameter can be added. Idempotent.
+  void flatten() {
+    if (!buckets_.empty() || parameters_.empty()) return;
+    // Buckets in order of first appearance, parameters in registration order within each.
+    std::map<std::uint8_t, std::size_t> index;
+    std::vector<std::vector<parameter<T, Device>*>> members;
+    std::vector<mesh_axis_set> keys;
+    for (auto& p : parameters_) {
+      const mesh_axis_set partial = p.placement.partial_axes();
+      const auto [found, inserted] = index.try_emplace(partial.bits(), members.size());
+      if (inserted) {
+        members.emplace_back();
+        keys.push_back(partial);
+      }
+      members[found->second].push_back(&p);
+    }
+    std::deque<parameter_bucket<T, Device>> buckets;
+    for (std::size_t b = 0; b < members.size(); ++b) {
+      parameter_bucket<T, Device>& bucket = buckets.emplace_back();
+      bucket.partial_axes = keys[b];
+      std::int64_t total = 0;
+      for (auto* p : members[b]) {
+        bucket.parameters.push_back(p);
+        bucket.offsets.push_back(total);
+        total += aligned(p->value.numel());
+      }
+      bucket.values = quintet::tensor<T, Device>(shape{total});
+      bucket.grads = quintet::tensor<T, Device>(shape{total});
+      fill(bucket.values, T(0));
+      fill(bucket.grads, T(0));
+      for (std::size_t i = 0; i < bucket.parameters.size(); ++i) {
+        parameter<T, Device>& p = *bucket.parameters[i];
+        const shape local = p.value.shape();
+        const std::int64_t begin = bucket.offsets[i], n = local.numel();
+        const auto value = reshape(slice(bucket.values, 0, begin, begin + n), local);
+        const auto grad = reshape(slice(bucket.grads, 0, begin, begin + n), local);
+        copy(value, p.value);
+        copy(grad, p.grad);
+        p.value = value;
+        p.grad = grad;
+      }
+    }
+    buckets_ = std::move(buckets);
+    own_storage_.clear();
+  }
+
+  // The flat buckets (flattening first if needed).
+  std::deque<parameter_bucket<T, Device>>& buckets() {
+    flatten();
+    return buckets_;
+  }
+  bool flattened() const { return !buckets_.empty(); }
 
   // Elements of the serial model's parameters (each counted once, whatever the placement).
   std::int64_t global_numel() const {
@@ -114,9 +225,19 @@ class parameter_registry {
   const parallel::mesh_position& position() const { return position_; }
 
  private:
+  // Elements rounded up to a 64-byte boundary.
+  static std::int64_t aligned(std::int64_t n) {
+    constexpr std::int64_t per_line = std::max<std::int64_t>(1, 64 / sizeof(T));
+    return (n + per_line - 1) / per_line * per_line;
+  }
+
   std::uint64_t seed_;
-  parallel::mesh_position position_;
+  parallel::mesh_position position_{};
+  partial_rule partial_ = nullptr;
   std::deque<parameter<T, Device>> parameters_;  // a deque never moves its elements
+  // Each parameter's (value, grad) storage until flatten().
+  std::deque<std::pair<quintet::tensor<T, Device>, quintet::tensor<T, Device>>> own_storage_;
+  std::deque<parameter_bucket<T, Device>> buckets_;
 };
 
 }  // namespace quintet::nn

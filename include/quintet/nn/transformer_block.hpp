@@ -59,6 +59,23 @@ class transformer_block {
     return dx;
   }
 
+  // The input pass (every layer keeps what its weight pass needs) and the weight pass: together,
+  // backward's bits.
+  quintet::tensor<T, Device> backward_input(context<Device>& ctx, tensor_view<const T, Device> dy) {
+    quintet::tensor<T, Device> dh = ln2_.backward_input(ctx, mlp_.backward_input(ctx, dy).view());
+    kernels::add(exec_, dh, dy, dh);
+    quintet::tensor<T, Device> dx =
+        ln1_.backward_input(ctx, attention_.backward_input(ctx, dh.view()).view());
+    kernels::add(exec_, dx, dh, dx);
+    return dx;
+  }
+  void backward_weight(context<Device>& ctx) {
+    mlp_.backward_weight(ctx);
+    ln2_.backward_weight(ctx);
+    attention_.backward_weight(ctx);
+    ln1_.backward_weight(ctx);
+  }
+
  private:
   const execution<Device>& exec_;
   layer_norm<T, Device> ln1_;

@@ -1,38 +1,80 @@
 // The global gradient norm of a model laid out over a mesh: every element of the serial model
-// counted once. Replicated parameters hold the same gradient on every rank and are summed locally;
-// parameters sharded over tp are summed over the tp group.
+// counted once. Each parameter's squares are summed locally with the others sharded over the same
+// axes; each such sum is all-reduced over the product group of its axes (replicated parameters
+// hold the same gradient on every rank and are not reduced). A parameter sharded over an axis no
+// policy of the plan uses is refused: its layout does not match the plan.
 #pragma once
 
 #include <quintet/comm/communicator.hpp>
 #include <quintet/core/error.hpp>
 #include <quintet/kernels/execution.hpp>
 #include <quintet/kernels/squared_norm.hpp>
-#include <quintet/mesh/mesh_layout.hpp>
+#include <quintet/mesh/device_mesh.hpp>
+#include <quintet/mesh/mesh_axis.hpp>
 #include <quintet/nn/parameter.hpp>
+#include <quintet/optim/gradient_norm.hpp>
+#include <quintet/parallel/no_mesh.hpp>
+#include <quintet/tensor/copy.hpp>
 #include <quintet/tensor/tensor.hpp>
 
 #include <cmath>
+#include <cstdint>
+#include <map>
+#include <type_traits>
 
 namespace quintet::parallel {
 
-template <class T, class Device, class Mesh>
+namespace detail {
+
+// One double summed over `group`, staged through the communicator's device.
+template <communicator Comm>
+double all_reduce_sum(Comm& group, double value) {
+  using Device = typename Comm::device_type;
+  quintet::tensor<double, host> on_host(shape{1});
+  on_host(0) = value;
+  if constexpr (std::is_same_v<Device, host>) {
+    group.all_reduce(on_host, reduce_op::sum);
+  } else {
+    quintet::tensor<double, Device> on_device(shape{1});
+    copy(on_device, on_host);
+    group.all_reduce(on_device, reduce_op::sum);
+    copy(on_host, on_device);
+  }
+  return on_host(0);
+}
+
+}  // namespace detail
+
+template <class Plan, class T, class Device, mesh_like Mesh>
 double global_gradient_norm(const execution<Device>& exec,
                             const nn::parameter_registry<T, Device>& registry, Mesh& mesh) {
-  double replicated = 0.0;
-  quintet::tensor<double, host> tp_sharded(shape{1});
-  tp_sharded(0) = 0.0;
+  // Sums in registration order per set of sharded axes; sets in order of their bits, the
+  // replicated set (no bits) first.
+  std::map<std::uint8_t, double> squares;
   for (const auto& p : registry) {
-    for (const mesh_axis axis : all_mesh_axes) {
-      QUINTET_CHECK(axis == mesh_axis::tp || !p.placement.is_sharded(axis),
-                    "global_gradient_norm: parameter '{}' is sharded over {}, which this norm does "
-                    "not reduce yet",
-                    p.name, name_of(axis));
-    }
-    const double squares = kernels::squared_norm(exec, p.grad);
-    (p.placement.is_sharded(mesh_axis::tp) ? tp_sharded(0) : replicated) += squares;
+    const mesh_axis_set sharded = p.placement.sharded_axes();
+    QUINTET_CHECK(Plan::axes.contains_all(sharded),
+                  "global_gradient_norm: parameter '{}' is sharded over {}, but the plan {} runs "
+                  "on {} only",
+                  p.name, name_of(sharded), Plan::name(), name_of(Plan::axes));
+    squares[sharded.bits()] += kernels::squared_norm(exec, p.grad);
   }
-  mesh.tp().all_reduce(tp_sharded, reduce_op::sum);
-  return std::sqrt(replicated + tp_sharded(0));
+  double total = 0.0;
+  for (auto& [bits, sum] : squares) {
+    mesh_axis_set axes;
+    for (const mesh_axis axis : all_mesh_axes)
+      if (mesh_axis_set{axis}.bits() & bits) axes = axes.with(axis);
+    if (!axes.empty()) sum = detail::all_reduce_sum(mesh.group(axes), sum);
+    total += sum;
+  }
+  return std::sqrt(total);
+}
+
+// The serial model: every parameter whole on the one rank.
+template <class Plan, class T, class Device>
+double global_gradient_norm(const execution<Device>& exec,
+                            const nn::parameter_registry<T, Device>& registry, no_mesh&) {
+  return optim::global_gradient_norm(exec, registry);
 }
 
 }  // namespace quintet::parallel

@@ -1,5 +1,4 @@
-// The communication at the two vocabulary-parallel ends of the model and at its loss, chosen by
-// the plan (Megatron-LM calls such functions mappings). Layers in nn/ call these instead of a
+// The communication at the two vocabulary-parallel ends of the model, chosen by the plan (Megatron-LM calls such functions mappings). Layers in nn/ call these instead of a
 // collective, so one layer source serves every plan:
 //
 //   complete_partial_rows   (b, s, h) partial sums of a vocabulary-parallel lookup or product:
@@ -7,12 +6,10 @@
 //                           sequence block (megatron_sp)
 //   with_whole_rows         the (b, s, h) rows a vocabulary-parallel op reads: as kept, or under
 //                           megatron_sp gathered from the tp group's sequence blocks
-//   sum_loss_over_sequence  the loss of this rank's rows -> the micro-batch's: an all-reduce of
-//                           (sum, count) over sp under Ulysses and ring, else as is
+// (The loss of a rank's rows becomes the micro-batch's through sequence_of<Plan>::complete_loss.)
 #pragma once
 
 #include <quintet/comm/communicator.hpp>
-#include <quintet/kernels/cross_entropy.hpp>
 #include <quintet/mesh/device_mesh.hpp>
 #include <quintet/parallel/plan.hpp>
 #include <quintet/parallel/sequence/sequence_collectives.hpp>
@@ -47,29 +44,6 @@ void with_whole_rows(Mesh* mesh, const View& kept, F&& f) {
     f(gather_sequence(mesh->tp(), view_of(kept)).view());
   } else {
     f(view_of(kept));
-  }
-}
-
-// The cross-entropy of this rank's rows -> that of the whole micro-batch (the same on every rank).
-template <class Plan, class Mesh>
-kernels::cross_entropy_result sum_loss_over_sequence(Mesh* mesh,
-                                                     kernels::cross_entropy_result local) {
-  if constexpr (shards_sequence_on_sp<Plan>) {
-    using Device = typename communicator_of<Mesh>::device_type;
-    quintet::tensor<double, host> totals(shape{2});
-    totals(0) = local.loss_sum;
-    totals(1) = static_cast<double>(local.count);
-    if constexpr (std::is_same_v<Device, host>) {
-      mesh->sp().all_reduce(totals, reduce_op::sum);
-    } else {
-      quintet::tensor<double, Device> on_device(shape{2});
-      copy(on_device, totals);
-      mesh->sp().all_reduce(on_device, reduce_op::sum);
-      copy(totals, on_device);
-    }
-    return {.loss_sum = totals(0), .count = static_cast<std::int64_t>(totals(1))};
-  } else {
-    return local;
   }
 }
 

@@ -1,19 +1,29 @@
 // placement: how one parameter is laid out over the device mesh — for each mesh axis, replicated
-// or sharded along one of its dimensions. Gradient synchronisation, ZeRO, clipping (count each
-// element once) and checkpoint resharding read it; initialisation turns it into the rank's region.
+// or sharded along one of its dimensions; the axes its gradient is partial over after backward
+// (summed once per step); which pipeline stages hold it; and its logical shape when the stored one
+// is padded (a vocabulary padded to a multiple of tp). Gradient synchronisation, ZeRO, clipping
+// (count each element once) and checkpoint resharding read it; initialisation turns it into the
+// rank's region.
 //
 //   weight (out=8, in=4), sharded on dim 0 over tp=2:   tp rank 0 owns rows [0, 4)
 //                                                       tp rank 1 owns rows [4, 8)
+//   token table (10, d) stored as (12, d) over tp=4:    logical shape (10, d); rank 3 holds ids
+//                                                       [9, 12), of which 10 and 11 are padding
 #pragma once
 
 #include <quintet/core/error.hpp>
 #include <quintet/core/shape.hpp>
+#include <quintet/mesh/mesh_axis.hpp>
 #include <quintet/mesh/mesh_layout.hpp>
 #include <quintet/tensor/region.hpp>
 
 #include <array>
+#include <bit>
 #include <cstdint>
+#include <initializer_list>
+#include <optional>
 #include <string_view>
+#include <vector>
 
 namespace quintet::parallel {
 
@@ -54,14 +64,71 @@ class placement {
     return out;
   }
 
-  bool is_sharded(mesh_axis axis) const { return dims_[index(axis)] != replicated_dim; }
-  bool is_replicated() const {
-    for (const int dim : dims_)
-      if (dim != replicated_dim) return false;
-    return true;
-  }
+  constexpr bool is_sharded(mesh_axis axis) const { return dims_[index(axis)] != replicated_dim; }
+  constexpr bool is_replicated() const { return sharded_axes().empty(); }
   // The tensor dimension sharded over `axis`, or replicated_dim.
-  int sharded_dim(mesh_axis axis) const { return dims_[index(axis)]; }
+  constexpr int sharded_dim(mesh_axis axis) const { return dims_[index(axis)]; }
+  constexpr mesh_axis_set sharded_axes() const {
+    mesh_axis_set axes;
+    for (const mesh_axis axis : all_mesh_axes)
+      if (is_sharded(axis)) axes = axes.with(axis);
+    return axes;
+  }
+
+  // This placement, with its gradient partial over `axes` (each rank holding a summand).
+  placement partial(mesh_axis_set axes) const {
+    placement out = *this;
+    out.partial_ = axes;
+    return out;
+  }
+  constexpr mesh_axis_set partial_axes() const { return partial_; }
+
+  // Which pipeline stages hold the parameter: stage 0 alone unless said otherwise (the serial
+  // model is one stage); a token table shared by the first and last stage is held by both.
+  placement held_by(std::initializer_list<int> stages) const {
+    return held_by(std::vector<int>(stages));
+  }
+  placement held_by(const std::vector<int>& stages) const {
+    QUINTET_CHECK(!stages.empty(), "placement: a parameter must be held by at least one stage");
+    placement out = *this;
+    out.stages_ = 0;
+    for (const int stage : stages) {
+      QUINTET_CHECK(stage >= 0 && stage < max_stages, "placement: stage {} is outside [0, {})",
+                    stage, max_stages);
+      out.stages_ |= std::uint64_t{1} << stage;
+    }
+    return out;
+  }
+  constexpr bool held_by_stage(int stage) const {
+    return stage >= 0 && stage < max_stages && ((stages_ >> stage) & 1u) != 0;
+  }
+  std::vector<int> stages() const {
+    std::vector<int> out;
+    for (int stage = 0; stage < max_stages; ++stage)
+      if (held_by_stage(stage)) out.push_back(stage);
+    return out;
+  }
+  // The stage that counts the parameter once when several hold it (the gradient norm, saving).
+  constexpr int first_stage() const { return std::countr_zero(stages_); }
+
+  // The shape a checkpoint or a comparison with the serial model sees: the stored global shape
+  // cut to `logical` (rows of a padded vocabulary dropped). Every extent must fit in the stored one.
+  placement with_logical_shape(const shape& logical) const {
+    placement out = *this;
+    out.logical_ = logical;
+    return out;
+  }
+  shape logical_shape(const shape& global) const {
+    if (!logical_) return global;
+    QUINTET_CHECK(logical_->rank() == global.rank(),
+                  "placement: logical shape {} and stored shape {} differ in rank", *logical_,
+                  global);
+    for (int d = 0; d < global.rank(); ++d)
+      QUINTET_CHECK((*logical_)[d] <= global[d],
+                    "placement: logical shape {} does not fit in the stored shape {}", *logical_,
+                    global);
+    return *logical_;
+  }
 
   // The block of a tensor of shape `global` this rank holds. Axes are applied in the order of
   // all_mesh_axes (tp, sp, dp, pp, ep, edp); two axes sharding one dimension split it
@@ -87,13 +154,17 @@ class placement {
   friend bool operator==(const placement&, const placement&) = default;
 
  private:
-  static std::size_t index(mesh_axis axis) { return static_cast<std::size_t>(axis); }
+  static constexpr int max_stages = 64;
+  static constexpr std::size_t index(mesh_axis axis) { return static_cast<std::size_t>(axis); }
 
   std::array<int, all_mesh_axes.size()> dims_ = [] {
     std::array<int, all_mesh_axes.size()> dims{};
     dims.fill(replicated_dim);
     return dims;
   }();
+  mesh_axis_set partial_;
+  std::uint64_t stages_ = 1;  // bit s: stage s holds it
+  std::optional<shape> logical_;
 };
 
 }  // namespace quintet::parallel

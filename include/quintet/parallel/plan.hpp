@@ -1,17 +1,32 @@
 // plan<Policies...>: a parallel plan as a type. Policies come in any order; a strategy left out is
-// not parallel (degree 1, its code compiled away). Layers ask the plan which style, if any, each
-// strategy uses:
+// not parallel (degree 1, its code compiled away). The plan folds its styles' strategy traits
+// (strategy.hpp) into what the rest of the library asks:
 //
-//   using my_plan = quintet::plan<parallel::tensor<parallel::megatron_1d>,
-//                                 parallel::data<parallel::zero<1>>>;
-//   my_plan::has<strategy::tensor>                      -> true
-//   my_plan::style<strategy::sequence>                  -> parallel::none
-// and the queries layers make of a plan (uses_tensor_parallel<Plan>, shards_sequence_on_tp<Plan>).
+//   using my_plan = quintet::plan<parallel::tp<parallel::megatron_1d>, parallel::sp<parallel::ring>>;
+//   my_plan::has<strategy::tensor>               -> true
+//   my_plan::style<strategy::data>               -> parallel::none
+//   my_plan::axes                                -> {tp, sp}: the mesh axes it runs on
+//   my_plan::batch_replicated_axes               -> {tp, sp}: ranks there share the micro-batch
+//   my_plan::partial_gradient_axes(placement)    -> {sp}: summed once per step
+//   my_plan::check(degrees, model)               -> throws, naming what does not fit
+//   parallel::sequence_of<my_plan>               -> what layers do with the sequence (ring's)
 #pragma once
 
+#include <quintet/core/error.hpp>
+#include <quintet/mesh/device_mesh.hpp>
+#include <quintet/mesh/mesh_axis.hpp>
+#include <quintet/mesh/mesh_layout.hpp>
+#include <quintet/parallel/no_mesh.hpp>
+#include <quintet/parallel/placement.hpp>
 #include <quintet/parallel/policies.hpp>
+#include <quintet/parallel/sequence/whole_sequence.hpp>
+#include <quintet/parallel/strategy.hpp>
 
+#include <array>
+#include <concepts>
+#include <string>
 #include <type_traits>
+#include <utility>
 
 namespace quintet {
 
@@ -26,9 +41,22 @@ namespace detail {
 template <class Policy>
 struct checked_policy {
   static_assert(strategy_policy_type<Policy>,
-                "quintet::plan: every argument must be a strategy policy: parallel::data<...>, "
-                "parallel::tensor<...>, parallel::sequence<...>, parallel::expert<...> or "
-                "parallel::pipeline<...>");
+                "quintet::plan: every argument must be a strategy policy: parallel::dp<...>, "
+                "parallel::tp<...>, parallel::sp<...>, parallel::ep<...> or parallel::pp<...>");
+  static constexpr bool ok = true;
+};
+
+// A style whose strategy is not built yet must not train serially in disguise.
+template <class Policy>
+struct implemented_policy {
+  static_assert(Policy::traits::implemented || Policy::kind != strategy::data,
+                "quintet::plan: parallel::dp<...> (data parallelism, ZeRO) is not implemented yet");
+  static_assert(Policy::traits::implemented || Policy::kind != strategy::expert,
+                "quintet::plan: parallel::ep<...> (expert parallelism) is not implemented yet");
+  static_assert(Policy::traits::implemented || Policy::kind != strategy::pipeline,
+                "quintet::plan: parallel::pp<...> (pipeline parallelism) does not run yet");
+  static_assert(Policy::traits::implemented,
+                "quintet::plan: this policy's style is not implemented yet");
   static constexpr bool ok = true;
 };
 
@@ -52,15 +80,19 @@ template <class... Policies>
 struct plan {
   static_assert((parallel::detail::checked_policy<Policies>::ok && ...));
   static_assert(parallel::detail::count_of<parallel::strategy::data, Policies...> <= 1,
-                "quintet::plan: duplicate policy: two parallel::data<...>");
+                "quintet::plan: duplicate policy: two parallel::dp<...>");
   static_assert(parallel::detail::count_of<parallel::strategy::tensor, Policies...> <= 1,
-                "quintet::plan: duplicate policy: two parallel::tensor<...>");
+                "quintet::plan: duplicate policy: two parallel::tp<...>");
   static_assert(parallel::detail::count_of<parallel::strategy::sequence, Policies...> <= 1,
-                "quintet::plan: duplicate policy: two parallel::sequence<...>");
+                "quintet::plan: duplicate policy: two parallel::sp<...>");
   static_assert(parallel::detail::count_of<parallel::strategy::expert, Policies...> <= 1,
-                "quintet::plan: duplicate policy: two parallel::expert<...>");
+                "quintet::plan: duplicate policy: two parallel::ep<...>");
   static_assert(parallel::detail::count_of<parallel::strategy::pipeline, Policies...> <= 1,
-                "quintet::plan: duplicate policy: two parallel::pipeline<...>");
+                "quintet::plan: duplicate policy: two parallel::pp<...>");
+  static_assert((parallel::detail::implemented_policy<Policies>::ok && ...));
+  // Each style's static requirements on the rest of the plan (sp<megatron_sp> needs tp<...>).
+  static_assert(
+      ((sizeof(typename Policies::traits::template check_composition<Policies...>) > 0) && ...));
 
   // The style the plan gives strategy S, or parallel::none.
   template <parallel::strategy S>
@@ -69,10 +101,49 @@ struct plan {
   template <parallel::strategy S>
   static constexpr bool has = !std::is_same_v<style<S>, parallel::none>;
 
-  static_assert(!std::is_same_v<style<parallel::strategy::sequence>, parallel::megatron_sp> ||
-                    has<parallel::strategy::tensor>,
-                "quintet::plan: sequence<megatron_sp> shards activations on the tensor-parallel "
-                "group, so the plan also needs parallel::tensor<...>");
+  static constexpr bool is_serial = sizeof...(Policies) == 0;
+
+  // The mesh axes the plan's styles run on; every other axis must have degree 1.
+  static constexpr mesh_axis_set axes = (mesh_axis_set{} | ... | Policies::traits::axes);
+  // Axes whose ranks train on different rows (data parallelism), and the others, whose ranks must
+  // be given the same micro-batch.
+  static constexpr mesh_axis_set batch_split_axes =
+      (mesh_axis_set{} | ... | Policies::traits::batch_split_axes);
+  static constexpr mesh_axis_set batch_replicated_axes = axes - batch_split_axes;
+
+  // The axes a parameter of placement `where` has a partial gradient over after backward.
+  static constexpr mesh_axis_set partial_gradient_axes(const parallel::placement& where) {
+    return (mesh_axis_set{} | ... | Policies::traits::partial_gradient_axes(where));
+  }
+
+  // The one check of a mesh (and of the model's dimensions) against the plan: each style's own,
+  // then that no axis has ranks the plan would leave computing the same thing.
+  static void check(const mesh_degrees& degrees, const parallel::model_dimensions& model) {
+    (Policies::traits::check(degrees, model), ...);
+    const std::array<std::pair<mesh_axis, int>, 5> sizes = {{{mesh_axis::tp, degrees.tp},
+                                                             {mesh_axis::sp, degrees.sp},
+                                                             {mesh_axis::dp, degrees.dp},
+                                                             {mesh_axis::pp, degrees.pp},
+                                                             {mesh_axis::ep, degrees.ep}}};
+    for (const auto& [axis, degree] : sizes)
+      QUINTET_CHECK(degree == 1 || axes.contains(axis),
+                    "the mesh has {} = {} but the plan has no policy on the {} axis ({})",
+                    name_of(axis), degree, name_of(axis), name());
+  }
+
+  // "plan<tp<megatron_1d>, sp<ring>>", or "serial_plan".
+  static std::string name() {
+    if constexpr (is_serial) {
+      return "serial_plan";
+    } else {
+      std::string out = "plan<";
+      ((out += std::string(parallel::policy_name(Policies::kind)) + "<" +
+               std::string(Policies::traits::name) + ">, "),
+       ...);
+      out.resize(out.size() - 2);
+      return out + ">";
+    }
+  }
 };
 
 // The plan of the serial model: no strategy is parallel.
@@ -80,21 +151,36 @@ using serial_plan = plan<>;
 
 namespace parallel {
 
+// mesh_for<Mesh, Plan>: a mesh a model of Plan can run on — a device mesh, or no_mesh for the
+// serial plan alone (a tensor-parallel model without a mesh does not compile).
+template <class Mesh, class Plan>
+concept mesh_for = mesh_like<Mesh> || (Plan::is_serial && std::same_as<Mesh, no_mesh>);
+
 // What layers ask of a plan.
 template <class Plan>
 inline constexpr bool uses_tensor_parallel = Plan::template has<strategy::tensor>;
 
+// The plan's sequence behaviour: its sequence style's traits, or the whole sequence everywhere.
 template <class Plan>
-using sequence_style_of = typename Plan::template style<strategy::sequence>;
+using sequence_of =
+    std::conditional_t<Plan::template has<strategy::sequence>,
+                       strategy_traits<typename Plan::template style<strategy::sequence>>,
+                       whole_sequence>;
 
-// megatron_sp: the sequence is sharded on the tp group, between the tensor-parallel linears.
+// megatron_sp: the activations between the linears hold the tp group's sequence block.
 template <class Plan>
-inline constexpr bool shards_sequence_on_tp = std::is_same_v<sequence_style_of<Plan>, megatron_sp>;
+inline constexpr bool shards_sequence_on_tp = sequence_of<Plan>::shards_activations_on_tp;
 
-// ulysses, ring: the sequence is sharded on the sp axis, everywhere.
-template <class Plan>
-inline constexpr bool shards_sequence_on_sp = std::is_same_v<sequence_style_of<Plan>, ulysses> ||
-                                              std::is_same_v<sequence_style_of<Plan>, ring>;
+// The one place a model checks its mesh: present when the plan is parallel, degrees the plan can
+// use, dimensions that divide over them.
+template <class Plan, class Mesh>
+void check_mesh(Mesh* mesh, const model_dimensions& model) {
+  if constexpr (mesh_like<Mesh>) {
+    QUINTET_CHECK(mesh != nullptr, "{}: a model of a parallel plan needs the device mesh",
+                  Plan::name());
+    Plan::check(mesh->degrees(), model);
+  }
+}
 
 }  // namespace parallel
 

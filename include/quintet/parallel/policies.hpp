@@ -1,77 +1,30 @@
-// The five strategy policies a plan is made of, and the styles each accepts. A policy is a type:
-// parallel::tensor<megatron_1d> selects which code is compiled; how many ranks share the work
-// (the degree) is a runtime value of the device mesh.
+// The five strategy policies a plan is made of, named after the mesh axis each runs on, and the
+// built-in styles each accepts. A policy is a type: parallel::tp<megatron_1d> selects which code is
+// compiled; how many ranks share the work (the degree) is a runtime value of the device mesh.
+//
+//   dp<zero<S>>        data parallelism, ZeRO stage S              (not implemented yet)
+//   tp<megatron_1d>    tensor parallelism                          parallel/tensor/megatron_1d.hpp
+//   sp<megatron_sp>    sequence parallelism on the tp group        parallel/sequence/megatron_sp.hpp
+//   sp<ulysses>        all-to-all over heads on the sp axis        parallel/sequence/ulysses.hpp
+//   sp<ring>           ring attention on the sp axis               parallel/sequence/ring.hpp
+//   ep<top_k<K>>       expert parallelism                          (not implemented yet)
+//   pp<Schedule>       any pipeline_schedule                       (not implemented yet)
+// A style is any type with strategy_traits (parallel/strategy.hpp) of the policy's strategy, so
+// the set is open: a new style is one header beside its strategy's others.
 #pragma once
 
+#include <quintet/parallel/data/zero.hpp>
+#include <quintet/parallel/expert/top_k.hpp>
+#include <quintet/parallel/pipeline/pipeline_schedule.hpp>
+#include <quintet/parallel/sequence/megatron_sp.hpp>
+#include <quintet/parallel/sequence/ring.hpp>
+#include <quintet/parallel/sequence/ulysses.hpp>
+#include <quintet/parallel/strategy.hpp>
+#include <quintet/parallel/tensor/megatron_1d.hpp>
+
 #include <concepts>
-#include <cstdint>
 
 namespace quintet::parallel {
-
-enum class strategy : std::uint8_t { data, tensor, sequence, expert, pipeline };
-
-// ---- styles -----------------------------------------------------------------------------------
-
-// Data parallel: ZeRO stage 0 (DDP, replicated optimizer) .. 3 (FSDP, parameters sharded).
-template <int Stage>
-struct zero {
-  static_assert(Stage >= 0 && Stage <= 3, "parallel::zero<Stage>: Stage must be 0, 1, 2 or 3");
-  static constexpr int stage = Stage;
-};
-
-// Tensor parallel: Megatron-LM column/row-parallel linears, vocab-parallel embedding and loss.
-struct megatron_1d {};
-
-// Sequence parallel: Megatron-SP (on the tensor-parallel group), DeepSpeed-Ulysses (all-to-all
-// of heads), ring attention (context parallelism, K/V passed around a ring).
-struct megatron_sp {};
-struct ulysses {};
-struct ring {};
-
-// Expert parallel: a softmax router keeping the top K experts per token.
-template <int K>
-struct top_k {
-  static_assert(K >= 1, "parallel::top_k<K>: K must be at least 1");
-  static constexpr int k = K;
-};
-
-// Pipeline schedules.
-struct gpipe {};
-struct one_f_one_b {};
-template <int VirtualStages>
-struct interleaved {
-  static_assert(VirtualStages >= 2, "parallel::interleaved<V>: V (chunks per device) must be >= 2");
-  static constexpr int virtual_stages = VirtualStages;
-};
-struct zero_bubble {};
-
-// ---- which style belongs to which strategy ------------------------------------------------------
-
-template <strategy S, class Style>
-inline constexpr bool is_style_of = false;
-
-template <int Stage>
-inline constexpr bool is_style_of<strategy::data, zero<Stage>> = true;
-template <>
-inline constexpr bool is_style_of<strategy::tensor, megatron_1d> = true;
-template <>
-inline constexpr bool is_style_of<strategy::sequence, megatron_sp> = true;
-template <>
-inline constexpr bool is_style_of<strategy::sequence, ulysses> = true;
-template <>
-inline constexpr bool is_style_of<strategy::sequence, ring> = true;
-template <int K>
-inline constexpr bool is_style_of<strategy::expert, top_k<K>> = true;
-template <>
-inline constexpr bool is_style_of<strategy::pipeline, gpipe> = true;
-template <>
-inline constexpr bool is_style_of<strategy::pipeline, one_f_one_b> = true;
-template <int V>
-inline constexpr bool is_style_of<strategy::pipeline, interleaved<V>> = true;
-template <>
-inline constexpr bool is_style_of<strategy::pipeline, zero_bubble> = true;
-
-// ---- the policies -------------------------------------------------------------------------------
 
 template <strategy S, class Style>
 struct strategy_policy {
@@ -79,41 +32,42 @@ struct strategy_policy {
   static_assert(sizeof(Style) > 0);
   static constexpr strategy kind = S;
   using style = Style;
+  using traits = strategy_traits<Style>;
 };
 
 template <class Style>
-struct data : strategy_policy<strategy::data, Style> {
+struct dp : strategy_policy<strategy::data, Style> {
   static_assert(is_style_of<strategy::data, Style>,
-                "parallel::data<Style>: Style must be a data-parallel style: zero<0..3>");
+                "parallel::dp<Style>: Style must be a data-parallel style: zero<0..3>");
 };
 
 template <class Style>
-struct tensor : strategy_policy<strategy::tensor, Style> {
+struct tp : strategy_policy<strategy::tensor, Style> {
   static_assert(is_style_of<strategy::tensor, Style>,
-                "parallel::tensor<Style>: Style must be a tensor-parallel style: megatron_1d");
+                "parallel::tp<Style>: Style must be a tensor-parallel style: megatron_1d");
 };
 
 template <class Style>
-struct sequence : strategy_policy<strategy::sequence, Style> {
+struct sp : strategy_policy<strategy::sequence, Style> {
   static_assert(is_style_of<strategy::sequence, Style>,
-                "parallel::sequence<Style>: Style must be a sequence-parallel style: "
-                "megatron_sp, ulysses or ring");
+                "parallel::sp<Style>: Style must be a sequence-parallel style: megatron_sp, "
+                "ulysses or ring");
 };
 
 template <class Style>
-struct expert : strategy_policy<strategy::expert, Style> {
+struct ep : strategy_policy<strategy::expert, Style> {
   static_assert(is_style_of<strategy::expert, Style>,
-                "parallel::expert<Style>: Style must be an expert-parallel style: top_k<K>");
+                "parallel::ep<Style>: Style must be an expert-parallel style: top_k<K>");
 };
 
-template <class Style>
-struct pipeline : strategy_policy<strategy::pipeline, Style> {
-  static_assert(is_style_of<strategy::pipeline, Style>,
-                "parallel::pipeline<Style>: Style must be a pipeline schedule: gpipe, "
-                "one_f_one_b, interleaved<V> or zero_bubble");
+template <class Schedule>
+struct pp : strategy_policy<strategy::pipeline, Schedule> {
+  static_assert(pipeline_schedule<Schedule>,
+                "parallel::pp<Schedule>: Schedule must satisfy parallel::pipeline_schedule (a type "
+                "whose strategy_traits say kind = strategy::pipeline)");
 };
 
-// strategy_policy_type: one of the five wrappers above (with any valid style).
+// strategy_policy_type: one of the five policies above (with any valid style).
 template <class Policy>
 concept strategy_policy_type = requires {
   { Policy::kind } -> std::convertible_to<strategy>;

@@ -1,5 +1,5 @@
 // projections<T, Device, Plan, Mesh>: the linear layers a block is built from, chosen by the plan.
-// Serial (no tensor policy): two nn::linear. With parallel::tensor<megatron_1d>: column_linear for
+// Serial (no tensor policy): two nn::linear. With parallel::tp<megatron_1d>: column_linear for
 // the projection that fans out (qkv, fc) and row_linear for the one that comes back (attention
 // output, MLP output), so a block communicates twice forward and twice backward.
 #pragma once
@@ -29,6 +29,9 @@ using linear_sequence_style = std::conditional_t<shards_sequence_on_tp<Plan>, me
 
 template <class T, class Device, class Plan, class Mesh>
 struct projections {
+  static_assert(mesh_for<Mesh, Plan>,
+                "parallel::projections<T, Device, Plan, Mesh>: a parallel plan needs a device mesh "
+                "type (Mesh = device_mesh<Comm>), not parallel::no_mesh");
   using column = nn::linear<T, Device>;
   using row = nn::linear<T, Device>;
 
@@ -45,8 +48,9 @@ struct projections {
   static int tp_size(Mesh*) { return 1; }
 };
 
+// (A tensor-parallel plan with no_mesh falls to the primary template and its static_assert.)
 template <class T, class Device, class Plan, class Mesh>
-requires uses_tensor_parallel<Plan>
+requires uses_tensor_parallel<Plan> && mesh_like<Mesh>
 struct projections<T, Device, Plan, Mesh> {
   using column = column_linear<T, Device, communicator_of<Mesh>, linear_sequence_style<Plan>>;
   using row = row_linear<T, Device, communicator_of<Mesh>, linear_sequence_style<Plan>>;

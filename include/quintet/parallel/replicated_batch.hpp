@@ -1,15 +1,16 @@
-// check_replicated_batch<Plan>: every rank of a plan is given the whole micro-batch and picks its
-// rows itself (sequence_layout.hpp). A loader that hands ranks different batches — its own rows,
-// say, as other libraries' sequence parallelism expects, or one that drifts after a resume —
-// would otherwise train on garbage silently. Each forward, each rank hashes the shapes and ids of
-// its tokens and targets; one all-reduce of (hash, -hash) under max per axis the plan splits the
-// batch over tells every rank whether all hashes agree, so all ranks throw together (none is left
-// waiting in a collective). The cost: a host copy of the ids and a 16-byte all-reduce per axis.
+// check_replicated_batch<Plan>: on the axes the plan does not split the batch over (tp, sp), every
+// rank is given the whole micro-batch and picks its rows itself (the sequence styles' layouts). A
+// loader that hands ranks different batches — its own rows, say, as other libraries' sequence
+// parallelism expects, or one that drifts after a resume — would otherwise train on garbage
+// silently. Each forward, each rank hashes the shapes and ids of its tokens and targets; one
+// all-reduce of (hash, -hash) under max per such axis tells every rank whether all hashes agree,
+// so all ranks throw together (none is left waiting in a collective). The cost: a host copy of the
+// ids and a 16-byte all-reduce per axis.
 #pragma once
 
 #include <quintet/comm/communicator.hpp>
 #include <quintet/core/error.hpp>
-#include <quintet/parallel/plan.hpp>
+#include <quintet/mesh/mesh_axis.hpp>
 #include <quintet/tensor/copy.hpp>
 #include <quintet/tensor/tensor.hpp>
 
@@ -60,15 +61,17 @@ void require_same_hash(Comm& group, std::int64_t hash, std::string_view axis) {
 
 }  // namespace detail
 
-// tokens, targets (batch, seq): must be the same on every rank the plan splits the batch over.
+// tokens, targets (batch, seq): must be the same on every rank of each axis in
+// Plan::batch_replicated_axes.
 template <class Plan, class Mesh, class Device>
 void check_replicated_batch(Mesh* mesh, tensor_view<const std::int32_t, Device> tokens,
                             tensor_view<const std::int32_t, Device> targets) {
-  if constexpr (uses_tensor_parallel<Plan> || shards_sequence_on_sp<Plan>) {
+  if constexpr (!Plan::batch_replicated_axes.empty()) {
     const std::int64_t hash = detail::batch_hash(
         targets, static_cast<std::uint64_t>(detail::batch_hash(tokens, 14695981039346656037ull)));
-    if constexpr (uses_tensor_parallel<Plan>) detail::require_same_hash(mesh->tp(), hash, "tp");
-    if constexpr (shards_sequence_on_sp<Plan>) detail::require_same_hash(mesh->sp(), hash, "sp");
+    Plan::batch_replicated_axes.for_each([&](mesh_axis axis) {
+      detail::require_same_hash(mesh->axis(axis), hash, name_of(axis));
+    });
   }
 }
 

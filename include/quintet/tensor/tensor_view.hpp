@@ -8,6 +8,7 @@
 #include <quintet/tensor/tensor_like.hpp>
 
 #include <concepts>
+#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
@@ -58,6 +59,7 @@ class tensor_view {
   const index_array& strides() const { return strides_; }
   int rank() const { return shape_.rank(); }
   std::int64_t numel() const { return shape_.numel(); }
+  std::size_t bytes() const { return static_cast<std::size_t>(numel()) * sizeof(T); }
   std::int64_t extent(int dim) const { return shape_.extent(dim); }
   int device_index() const { return device_index_; }
   stream_type stream() const { return stream_; }

@@ -4,7 +4,9 @@
 // the rank holds its part of the model and every rank runs the same loop on the same (whole)
 // batch: tensor parallelism (tp), Megatron-SP (the sequence on the tp group), and Ulysses or ring
 // attention (the sequence on the sp axis, alone or with tp). After the last micro-batch's
-// backward the step sums the gradients sequence parallelism leaves partial, then takes the norm.
+// backward the step sums the gradients the plan leaves partial, then takes the norm. The
+// micro-batches run as a step list (forward, backward of each in turn) through the executor that
+// pipeline schedules will drive with their own lists.
 #pragma once
 
 #include <quintet/core/error.hpp>
@@ -22,6 +24,7 @@
 #include <quintet/parallel/plan.hpp>
 #include <quintet/parallel/projections.hpp>
 #include <quintet/parallel/synchronize_gradients.hpp>
+#include <quintet/train/executor.hpp>
 
 #include <chrono>
 #include <cmath>
@@ -69,21 +72,20 @@ struct step_metrics {
 };
 
 template <class T, class Source, class Plan = serial_plan, class Mesh = parallel::no_mesh>
-requires token_source<Source>
+requires token_source<Source> && parallel::mesh_for<Mesh, Plan>
 class trainer {
-  static constexpr bool serial = std::is_same_v<Mesh, parallel::no_mesh>;
-
  public:
-  // `mesh` is this rank's device mesh (null for the serial model). Its tp and sp degrees must be
-  // ones the plan uses; dp, pp and ep (not implemented yet) must be 1.
+  // `mesh` is this rank's device mesh (null for the serial model); the model checks it against the
+  // plan (plan::check: degrees only on axes the plan uses, dimensions that divide over them).
   trainer(const Source& source, const nn::gpt_config& model, const training_options& options,
           const execution<host>& exec, Mesh* mesh = nullptr)
       : source_(source),
         options_((options.validate(), options)),
         exec_(exec),
-        mesh_(checked_mesh(mesh)),
-        registry_(options.seed, position_of(mesh)),
+        mesh_(required(mesh)),
+        registry_(make_registry(options.seed, mesh)),
         model_(registry_, exec_, model, mesh),
+        executor_({&model_.stage()}),
         optimizer_(registry_, exec_,
                    {.lr = options.lr,
                     .beta1 = options.beta1,
@@ -91,6 +93,7 @@ class trainer {
                     .eps = 1e-8,
                     .weight_decay = options.weight_decay}),
         schedule_(options.lr, options.min_lr, options.warmup_steps, options.steps) {
+    registry_.flatten();
     QUINTET_CHECK(model.vocab >= source.vocab_size(),
                   "training: the model's vocabulary ({}) is smaller than the data's ({})",
                   model.vocab, source.vocab_size());
@@ -123,14 +126,24 @@ class trainer {
     // split and wherever its padding falls. Every rank holds the whole batch, so every rank knows
     // the count before the first backward.
     registry_.zero_grad();
+    const double scale = 1.0 / static_cast<double>(counted);
+    using stage_type = typename nn::gpt<T, host, Plan, Mesh>::stage_type;
+    const auto outputs = executor_.run(
+        forward_backward_steps(static_cast<int>(micro.size())), static_cast<int>(micro.size()),
+        {.input =
+             [&](int, int m, const typename stage_type::output_type*) {
+               return typename stage_type::input_type{.tokens = micro[m].inputs.view(),
+                                                      .targets = micro[m].targets.view()};
+             },
+         .gradient =
+             [&](int, int, const typename stage_type::input_gradient_type*) {
+               return typename stage_type::gradient_type{.loss_scale = scale};
+             }});
     double loss_sum = 0.0;
     std::int64_t scored = 0;
-    for (auto& batch : micro) {
-      nn::context<host> ctx;
-      const auto result = model_.forward(ctx, batch.inputs.view(), batch.targets.view());
-      loss_sum += result.loss_sum;
-      scored += result.count;
-      model_.backward(ctx, 1.0 / static_cast<double>(counted));
+    for (const auto& out : outputs) {
+      loss_sum += out.loss.loss_sum;
+      scored += out.loss.count;
     }
     QUINTET_CHECK(scored == counted,
                   "training: step {} counted {} targets but the model scored {}: it skips another "
@@ -138,16 +151,11 @@ class trainer {
                   step, counted, scored);
     const double loss = loss_sum / static_cast<double>(counted);
     QUINTET_CHECK(std::isfinite(loss), "training stopped at step {}: the loss is {}", step, loss);
-    double norm = 0.0;
-    if constexpr (serial) {
-      norm = optim::global_gradient_norm(exec_, registry_);
-    } else {
-      // Once per step, after every micro-batch: the gradients accumulated over them are summed
-      // over the ranks that each saw part of the sequence (summing per micro-batch would count
-      // the earlier ones again).
-      parallel::synchronize_gradients<Plan>(registry_, *mesh_);
-      norm = parallel::global_gradient_norm(exec_, registry_, *mesh_);
-    }
+    // Once per step, after every micro-batch: the gradients the plan left partial, accumulated
+    // over the micro-batches, are summed (summing per micro-batch would count the earlier ones
+    // again).
+    parallel::synchronize_gradients(registry_, *mesh_);
+    const double norm = parallel::global_gradient_norm<Plan>(exec_, registry_, *mesh_);
     const double lr = schedule_(step);
     optimizer_.step(lr, optim::clip_factor(norm, options_.clip_norm));
     ++next_step_;
@@ -168,40 +176,31 @@ class trainer {
     return n;
   }
 
-  static Mesh* checked_mesh(Mesh* mesh) {
-    if constexpr (!serial) {
-      using sequence_style = typename Plan::template style<parallel::strategy::sequence>;
-      constexpr bool sequence_on_sp = std::is_same_v<sequence_style, parallel::ulysses> ||
-                                      std::is_same_v<sequence_style, parallel::ring>;
-      QUINTET_CHECK(mesh != nullptr, "training under a parallel plan needs the device mesh");
-      const mesh_degrees& d = mesh->degrees();
-      QUINTET_CHECK(d.dp == 1 && d.pp == 1 && d.ep == 1,
-                    "training: only tensor and sequence parallelism are implemented so far; the "
-                    "mesh has dp {}, pp {}, ep {}",
-                    d.dp, d.pp, d.ep);
-      QUINTET_CHECK(d.tp == 1 || parallel::uses_tensor_parallel<Plan>,
-                    "training: the mesh has tp = {} but the plan has no tensor policy", d.tp);
-      QUINTET_CHECK(d.sp == 1 || sequence_on_sp,
-                    "training: the mesh has sp = {} but the plan has no sequence<ulysses> or "
-                    "sequence<ring> policy (megatron_sp shards the sequence on the tp group)",
-                    d.sp);
-    }
-    return mesh;
-  }
-  static parallel::mesh_position position_of(Mesh* mesh) {
-    if constexpr (serial) {
-      return {};
+  // The serial model needs no mesh; it gets a no_mesh of its own.
+  Mesh* required(Mesh* mesh) {
+    if constexpr (mesh_like<Mesh>) {
+      QUINTET_CHECK(mesh != nullptr, "training under {} needs the device mesh", Plan::name());
+      return mesh;
     } else {
-      return parallel::position_in(mesh->layout(), mesh->world_rank());
+      return mesh != nullptr ? mesh : &no_mesh_;
+    }
+  }
+  static nn::parameter_registry<T, host> make_registry(std::uint64_t seed, Mesh* mesh) {
+    if constexpr (mesh_like<Mesh>) {
+      return nn::parameter_registry<T, host>(seed, *mesh, Plan{});
+    } else {
+      return nn::parameter_registry<T, host>(seed);
     }
   }
 
+  parallel::no_mesh no_mesh_;  // first: mesh_ may point to it
   const Source& source_;
   training_options options_;
   const execution<host>& exec_;
   Mesh* mesh_;
   nn::parameter_registry<T, host> registry_;
   nn::gpt<T, host, Plan, Mesh> model_;
+  executor<typename nn::gpt<T, host, Plan, Mesh>::stage_type> executor_;
   optim::adamw<T, host> optimizer_;
   optim::cosine_schedule schedule_;
   std::int64_t next_step_ = 0;

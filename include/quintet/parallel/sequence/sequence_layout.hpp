@@ -1,5 +1,5 @@
 // sequence_layout: which positions of a micro-batch's sequence this rank's rows hold, as runs of
-// consecutive positions, for each sequence style. The GPT embeds, positions and scores its rows by
+// consecutive positions (the sequence styles of parallel/sequence/ say which layout they use). The GPT embeds, positions and scores its rows by
 // it; every rank is given the whole global batch and takes its rows with take_rows.
 //
 //   seq 8, 2 ranks     contiguous (megatron_sp, ulysses)     zig-zag (ring: 2 x sp chunks)
@@ -9,7 +9,6 @@
 #pragma once
 
 #include <quintet/core/error.hpp>
-#include <quintet/parallel/plan.hpp>
 #include <quintet/tensor/copy.hpp>
 #include <quintet/tensor/slice.hpp>
 #include <quintet/tensor/tensor.hpp>
@@ -92,31 +91,6 @@ struct sequence_layout {
     return {{{0, chunks[0] * c, c}, {c, chunks[1] * c, c}}};
   }
 };
-
-// The rows of tokens and targets a rank embeds and scores: the sp axis' share under Ulysses and
-// ring, else the whole sequence (megatron_sp embeds it all and scatters after the lookup).
-template <class Plan, class Mesh>
-sequence_layout input_layout(Mesh* mesh, std::int64_t seq) {
-  using style = typename Plan::template style<strategy::sequence>;
-  if constexpr (std::is_same_v<style, ulysses>) {
-    return sequence_layout::contiguous(seq, mesh->sp().size(), mesh->sp().rank(), "ulysses");
-  } else if constexpr (std::is_same_v<style, ring>) {
-    return sequence_layout::zigzag(seq, mesh->sp().size(), mesh->sp().rank());
-  } else {
-    return sequence_layout::whole(seq);
-  }
-}
-
-// The rows the activations between blocks hold: under megatron_sp the tp group's block.
-template <class Plan, class Mesh>
-sequence_layout activation_layout(Mesh* mesh, std::int64_t seq) {
-  using style = typename Plan::template style<strategy::sequence>;
-  if constexpr (std::is_same_v<style, megatron_sp>) {
-    return sequence_layout::contiguous(seq, mesh->tp().size(), mesh->tp().rank(), "megatron_sp");
-  } else {
-    return input_layout<Plan>(mesh, seq);
-  }
-}
 
 // global (batch, seq, ...) -> (batch, layout.rows(), ...): this rank's rows, run after run.
 template <class E, class Device, class T = std::remove_const_t<E>>

@@ -11,6 +11,8 @@
 // sequence block (batch, seq / tp, in): forward all-gathers it, backward reduce-scatters dx back
 // to the block. Only the block is kept, and backward gathers it again for dW, so the activation
 // kept per rank is 1/tp of the input (Korthikanti et al. 2022).
+//
+// backward = backward_input then backward_weight, bit for bit (see nn::linear).
 #pragma once
 
 #include <quintet/comm/communicator.hpp>
@@ -74,6 +76,33 @@ class column_linear {
       quintet::tensor<T, Device> dx = linear_.backward(ctx, dy);
       tp_.all_reduce(dx, reduce_op::sum);
       return dx;
+    }
+  }
+
+  // The input pass: dx as backward returns it; keeps dy for backward_weight.
+  quintet::tensor<T, Device> backward_input(nn::context<Device>& ctx,
+                                            tensor_view<const T, Device> dy) {
+    if constexpr (sequence_sharded) {
+      copy(ctx.template save<T>(linear_.name() + ".output_grad", dy.shape()), dy);
+      const quintet::tensor<T, Device> dx = linear_.input_gradient(dy);
+      return reduce_scatter_sequence(tp_, dx.view());
+    } else {
+      quintet::tensor<T, Device> dx = linear_.backward_input(ctx, dy);
+      tp_.all_reduce(dx, reduce_op::sum);
+      return dx;
+    }
+  }
+
+  // The weight pass (sequence-sharded: gathers the kept block again, as backward does).
+  void backward_weight(nn::context<Device>& ctx) {
+    if constexpr (sequence_sharded) {
+      const auto& block = ctx.template get<T>(linear_.name() + ".input_block");
+      const quintet::tensor<T, Device> x = gather_sequence(tp_, block.view());
+      linear_.accumulate_weight_gradient(
+          x.view(), ctx.template get<T>(linear_.name() + ".output_grad").view());
+      ctx.erase(linear_.name() + ".output_grad");
+    } else {
+      linear_.backward_weight(ctx);
     }
   }
 

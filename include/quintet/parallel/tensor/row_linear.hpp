@@ -12,6 +12,8 @@
 // the block gradients. The bias is then added to, and its gradient taken from, the block only: a
 // partial gradient, summed over tp with the other replicated parameters'
 // (parallel::synchronize_gradients).
+//
+// backward = backward_input then backward_weight, bit for bit (see nn::linear).
 #pragma once
 
 #include <quintet/comm/communicator.hpp>
@@ -25,6 +27,7 @@
 #include <quintet/parallel/placement.hpp>
 #include <quintet/parallel/plan.hpp>
 #include <quintet/parallel/sequence/sequence_collectives.hpp>
+#include <quintet/tensor/copy.hpp>
 #include <quintet/tensor/tensor.hpp>
 
 #include <cstdint>
@@ -78,7 +81,34 @@ class row_linear {
     }
   }
 
+  // The input pass: dx as backward returns it. Keeps what backward_weight needs: the (gathered) dy
+  // the linear keeps, and under sequence sharding this rank's block of dy for the bias.
+  quintet::tensor<T, Device> backward_input(nn::context<Device>& ctx,
+                                            tensor_view<const T, Device> dy) {
+    if constexpr (sequence_sharded) {
+      if (bias_ != nullptr) copy(ctx.template save<T>(bias_gradient_name(), dy.shape()), dy);
+      return linear_.backward_input(ctx, gather_sequence(tp_, dy).view());
+    } else {
+      return linear_.backward_input(ctx, dy);
+    }
+  }
+
+  // The weight pass: the bias from its dy, then the weight.
+  void backward_weight(nn::context<Device>& ctx) {
+    if (bias_ != nullptr) {
+      if constexpr (sequence_sharded) {
+        kernels::bias_grad(exec_, ctx.template get<T>(bias_gradient_name()), bias_->grad);
+        ctx.erase(bias_gradient_name());
+      } else {
+        kernels::bias_grad(exec_, linear_.kept_output_gradient(ctx), bias_->grad);
+      }
+    }
+    linear_.backward_weight(ctx);
+  }
+
  private:
+  std::string bias_gradient_name() const { return linear_.name() + ".bias_output_grad"; }
+
   // The partial products summed over tp (sequence-sharded: and scattered), plus the bias.
   quintet::tensor<T, Device> reduce(quintet::tensor<T, Device> y) {
     if constexpr (sequence_sharded) {

@@ -1,0 +1,442 @@
+// gpt_stage: a contiguous range of a GPT's pieces — piece 0 the embedding, pieces 1..L the blocks,
+// piece L+1 the head (final layer norm, language-model head, cross-entropy) — as an nn::stage.
+// The serial model is one stage holding every piece (nn::gpt); a pipeline cuts the pieces at
+// layer boundaries, one stage per rank (or several, interleaved). Parameters keep their global
+// names on whatever stage holds them (`blocks.7.mlp.fc.weight`), drawn from the same Philox
+// streams, so a stage's parameters equal the serial model's slice of them.
+//
+//   L = 4, cut {0, 3, 6}:   stage 0 = [embedding, blocks.0, blocks.1]   -> activations (b, s, d)
+//                           stage 1 = [blocks.2, blocks.3, head]        -> loss
+// With tied weights the head needs the token table too: the last stage holds its own copy
+// (`embedding.token_weight`, the same values), and both copies are marked in their placement as
+// held by the first and the last stage; their gradients are summed between the two once per step
+// (the pipeline's job). The plan's strategies apply inside every stage as in the serial model.
+#pragma once
+
+#include <quintet/core/error.hpp>
+#include <quintet/kernels/accumulator.hpp>
+#include <quintet/kernels/cross_entropy.hpp>
+#include <quintet/kernels/execution.hpp>
+#include <quintet/kernels/matmul.hpp>
+#include <quintet/nn/context.hpp>
+#include <quintet/nn/embedding.hpp>
+#include <quintet/nn/layer_norm.hpp>
+#include <quintet/nn/linear.hpp>
+#include <quintet/nn/parameter.hpp>
+#include <quintet/nn/stage.hpp>
+#include <quintet/nn/transformer_block.hpp>
+#include <quintet/parallel/mappings.hpp>
+#include <quintet/parallel/no_mesh.hpp>
+#include <quintet/parallel/plan.hpp>
+#include <quintet/parallel/projections.hpp>
+#include <quintet/parallel/replicated_batch.hpp>
+#include <quintet/parallel/sequence/sequence_layout.hpp>
+#include <quintet/parallel/tensor/vocab_parallel_cross_entropy.hpp>
+#include <quintet/parallel/tensor/vocab_shard.hpp>
+#include <quintet/tensor/copy.hpp>
+#include <quintet/tensor/reshape.hpp>
+#include <quintet/tensor/tensor.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace quintet::nn {
+
+struct gpt_config {
+  std::int64_t vocab = 64;
+  std::int64_t max_seq = 128;  // rows of the position table
+  std::int64_t layers = 2;
+  std::int64_t d_model = 64;
+  std::int64_t heads = 4;
+  std::int64_t mlp_hidden = 0;  // 0: 4 d_model
+  bool tie_weights = true;
+  double init_stddev = 0.02;
+
+  std::int64_t hidden() const { return mlp_hidden == 0 ? 4 * d_model : mlp_hidden; }
+  // The embedding, every block, the head.
+  std::int64_t pieces() const { return layers + 2; }
+
+  void validate() const {
+    QUINTET_CHECK(vocab >= 2, "gpt: vocabulary of {} tokens, need at least 2", vocab);
+    QUINTET_CHECK(max_seq >= 1, "gpt: max_seq {} must be positive", max_seq);
+    QUINTET_CHECK(layers >= 1, "gpt: {} layers, need at least 1", layers);
+    QUINTET_CHECK(d_model >= 1 && heads >= 1, "gpt: d_model {} and heads {} must be positive",
+                  d_model, heads);
+    QUINTET_CHECK(d_model % heads == 0, "gpt: {} heads do not divide d_model {}", heads, d_model);
+    QUINTET_CHECK(mlp_hidden >= 0, "gpt: mlp_hidden {} is negative", mlp_hidden);
+    QUINTET_CHECK(init_stddev > 0, "gpt: init_stddev {} must be positive", init_stddev);
+  }
+};
+
+// Which pieces a stage holds, [first_piece, end_piece), and where it sits among the model's
+// stages (index, of count) — which decides the stages its parameters are marked as held by.
+struct stage_cut {
+  std::int64_t first_piece = 0;
+  std::int64_t end_piece = 0;  // 0 with the defaults below: every piece (the serial model)
+  int index = 0;
+  int count = 1;
+
+  static stage_cut whole(const gpt_config& config) { return {0, config.pieces(), 0, 1}; }
+};
+
+// What a stage is given per micro-batch: every stage gets the micro-batch's ids (the first embeds
+// the tokens, the last scores the targets; every one checks that its group's ranks agree), and
+// all but the first the previous stage's activations.
+template <class T, class Device>
+struct gpt_stage_input {
+  tensor_view<const std::int32_t, Device> tokens{};   // (batch, seq)
+  tensor_view<const std::int32_t, Device> targets{};  // (batch, seq)
+  tensor_view<const T, Device> activations{};         // (batch, rows, d); empty on the first stage
+  std::int32_t ignore_index = kernels::no_target;
+};
+
+// What it returns: activations for the next stage, or (the last stage) the loss of the micro-batch.
+template <class T, class Device>
+struct gpt_stage_output {
+  quintet::tensor<T, Device> activations;  // (batch, rows, d); empty on the last stage
+  kernels::cross_entropy_result loss;      // the last stage's
+};
+
+// What it is given back: the gradient of its activations from the next stage, or (the last stage)
+// d(objective)/d(loss sum), e.g. 1 / (targets counted in the whole batch).
+template <class T, class Device>
+struct gpt_stage_gradient {
+  tensor_view<const T, Device> activations{};  // (batch, rows, d); empty on the last stage
+  double loss_scale = 1.0;
+};
+
+template <class T, class Device, class Plan = serial_plan, class Mesh = parallel::no_mesh>
+class gpt_stage {
+  static_assert(parallel::mesh_for<Mesh, Plan>,
+                "nn::gpt_stage<T, Device, Plan, Mesh>: a parallel plan needs a device mesh type "
+                "(Mesh = device_mesh<Comm>), not parallel::no_mesh");
+  using stat_type = kernels::accumulator_t<T>;
+  using projections = parallel::projections<T, Device, Plan, Mesh>;
+  using sequence = parallel::sequence_of<Plan>;
+  using block_type = transformer_block<T, Device, Plan, Mesh>;
+  static constexpr bool vocab_parallel = parallel::uses_tensor_parallel<Plan>;
+
+ public:
+  using device_type = Device;
+  using input_type = gpt_stage_input<T, Device>;
+  using output_type = gpt_stage_output<T, Device>;
+  using gradient_type = gpt_stage_gradient<T, Device>;
+  using input_gradient_type = quintet::tensor<T, Device>;  // empty from the first stage
+
+  gpt_stage(parameter_registry<T, Device>& registry, const execution<Device>& exec,
+            const gpt_config& config, stage_cut cut, Mesh* mesh = nullptr)
+      : exec_(exec),
+        config_((config.validate(), parallel::check_mesh<Plan>(mesh, dimensions_of(config)),
+                 config)),
+        cut_(checked_cut(cut, config)),
+        mesh_(mesh),
+        shard_(parallel::vocab_shard_of(config.vocab, projections::tp_size(mesh), tp_rank(mesh))) {
+    const std::size_t first_parameter = registry.size();
+    // Registration order is the serial model's (embedding, final norm, blocks, head): the
+    // gradient norm sums in it.
+    if (holds_embedding())
+      embedding_.emplace(registry, exec, "embedding", config.vocab, config.max_seq, config.d_model,
+                         config.init_stddev, mesh);
+    if (holds_head()) final_norm_.emplace(registry, exec, "final_norm", config.d_model);
+    // GPT-2 scales the projections into the residual stream by 1/sqrt(2 L): the stream's variance
+    // then stays O(1) however deep the model.
+    const block_options options{
+        .d_model = config.d_model,
+        .heads = config.heads,
+        .mlp_hidden = config.hidden(),
+        .init_stddev = config.init_stddev,
+        .proj_init_stddev =
+            config.init_stddev / std::sqrt(2.0 * static_cast<double>(config.layers))};
+    for (std::int64_t piece = std::max<std::int64_t>(cut_.first_piece, 1);
+         piece < std::min(cut_.end_piece, config.layers + 1); ++piece)
+      blocks_.push_back(std::make_unique<block_type>(
+          registry, exec, "blocks." + std::to_string(piece - 1), options, mesh));
+    if (holds_head() && !config.tie_weights)
+      head_.emplace(projections::make_column(
+          registry, exec, mesh, "lm_head", config.d_model,
+          parallel::padded_vocab(config.vocab, projections::tp_size(mesh)),
+          linear_options{.bias = false, .init_stddev = config.init_stddev}));
+    if (holds_head() && config.tie_weights && !holds_embedding())
+      // The last stage's copy of the token table, registered as the embedding registers it.
+      tied_table_ = &embedding<T, Device, Plan, Mesh>::add_token_table(
+          registry, "embedding", config.vocab, config.d_model, config.init_stddev, mesh);
+    mark_stages(registry, first_parameter);
+  }
+  gpt_stage(parameter_registry<T, Device>&, const execution<Device>&&, const gpt_config&,
+            stage_cut, Mesh* = nullptr) = delete;
+
+  output_type forward(context<Device>& ctx, const input_type& in) {
+    // First, before any check that could stop some ranks only, while the others wait.
+    parallel::check_replicated_batch<Plan>(mesh_, in.tokens, in.targets);
+    QUINTET_CHECK(in.tokens.shape() == in.targets.shape(),
+                  "gpt: tokens {} and targets {} must have the same shape", in.tokens.shape(),
+                  in.targets.shape());
+    QUINTET_CHECK(in.tokens.rank() == 2, "gpt: tokens have shape {}, expected (batch, seq)",
+                  in.tokens.shape());
+    const std::int64_t seq = in.tokens.shape()[1];
+    QUINTET_CHECK(seq <= config_.max_seq, "gpt: sequence of {} tokens is longer than max_seq {}",
+                  seq, config_.max_seq);
+    const parallel::sequence_layout input = sequence::input_layout(mesh_, seq);
+    const parallel::sequence_layout activation = sequence::activation_layout(mesh_, seq);
+    // The padding id and the batch's shape belong to this micro-batch: they are kept with its
+    // activations, so backwards of several micro-batches in flight (pipelines) use their own.
+    {
+      quintet::tensor<std::int32_t, host> kept(shape{3});
+      kept(0) = in.ignore_index;
+      kept(1) = static_cast<std::int32_t>(in.tokens.shape()[0]);
+      kept(2) = static_cast<std::int32_t>(seq);
+      copy(ctx.template save<std::int32_t>("gpt.micro_batch", shape{3}), kept);
+    }
+    quintet::tensor<T, Device> x;  // (batch, rows, d)
+    std::size_t next_block = 0;
+    if (holds_embedding()) {
+      x = embedding_->forward(ctx, parallel::take_rows(in.tokens, input), activation);
+    } else {
+      const shape expected{in.tokens.shape()[0], activation.rows(), config_.d_model};
+      QUINTET_CHECK(in.activations.shape() == expected,
+                    "gpt stage {}: activations of shape {} from the previous stage, expected {}",
+                    cut_.index, in.activations.shape(), expected);
+      if (blocks_.empty()) {
+        x = copy_of(in.activations);
+      } else {
+        x = blocks_[next_block++]->forward(ctx, in.activations);
+      }
+    }
+    for (; next_block < blocks_.size(); ++next_block) x = blocks_[next_block]->forward(ctx, x.view());
+    output_type out;
+    if (holds_head()) {
+      out.loss = head_forward(ctx, std::move(x), in.targets, input, in.ignore_index);
+    } else {
+      out.activations = std::move(x);
+    }
+    return out;
+  }
+
+  // Accumulates the gradients of the objective (given back as `gradient`) into this stage's
+  // parameters; returns the gradient of its input activations (empty from the first stage).
+  input_gradient_type backward(context<Device>& ctx, const gradient_type& gradient) {
+    const std::int64_t seq = saved(ctx).seq;
+    quintet::tensor<T, Device> dx = blocks_backward(
+        ctx, gradient, false, [&](block_type& block, tensor_view<const T, Device> dy) {
+          return block.backward(ctx, dy);
+        });
+    if (!holds_embedding()) return dx;
+    embedding_->backward(ctx, dx.view(), sequence::activation_layout(mesh_, seq));
+    return {};
+  }
+
+  // The input pass of backward: the same input gradient; keeps what backward_weight needs.
+  input_gradient_type backward_input(context<Device>& ctx, const gradient_type& gradient) {
+    quintet::tensor<T, Device> dx = blocks_backward(
+        ctx, gradient, true, [&](block_type& block, tensor_view<const T, Device> dy) {
+          return block.backward_input(ctx, dy);
+        });
+    if (!holds_embedding()) return dx;
+    embedding_->backward_input(ctx, dx.view());
+    return {};
+  }
+
+  // The weight pass, in backward's order (the tied table takes the head's part, then the
+  // embedding's), so the two passes give backward's bits.
+  void backward_weight(context<Device>& ctx) {
+    const std::int64_t seq = saved(ctx).seq;
+    if (holds_head()) {
+      if (head_) {
+        head_->backward_weight(ctx);
+      } else {
+        tied_head_weight_gradient(ctx, ctx.template get<T>("lm_head.output_grad"));
+        ctx.erase("lm_head.output_grad");
+      }
+      final_norm_->backward_weight(ctx);
+    }
+    for (auto block = blocks_.rbegin(); block != blocks_.rend(); ++block)
+      (*block)->backward_weight(ctx);
+    if (holds_embedding())
+      embedding_->backward_weight(ctx, sequence::activation_layout(mesh_, seq));
+  }
+
+  bool holds_embedding() const { return cut_.first_piece == 0; }
+  bool holds_head() const { return cut_.end_piece == config_.pieces(); }
+  const stage_cut& cut() const { return cut_; }
+  const gpt_config& config() const { return config_; }
+
+ private:
+  static parallel::model_dimensions dimensions_of(const gpt_config& config) {
+    return {.d_model = config.d_model,
+            .heads = config.heads,
+            .hidden = config.hidden(),
+            .vocab = config.vocab,
+            .layers = config.layers};
+  }
+
+  static stage_cut checked_cut(stage_cut cut, const gpt_config& config) {
+    QUINTET_CHECK(0 <= cut.first_piece && cut.first_piece < cut.end_piece &&
+                      cut.end_piece <= config.pieces(),
+                  "gpt stage: pieces [{}, {}) are not a non-empty range of the model's {} pieces "
+                  "(embedding, {} blocks, head)",
+                  cut.first_piece, cut.end_piece, config.pieces(), config.layers);
+    QUINTET_CHECK(0 <= cut.index && cut.index < cut.count,
+                  "gpt stage: stage index {} is outside [0, {})", cut.index, cut.count);
+    return cut;
+  }
+
+  static int tp_rank(Mesh* mesh) {
+    if constexpr (vocab_parallel) {
+      return mesh->tp().rank();
+    } else {
+      return 0;
+    }
+  }
+
+  // Every parameter this stage registered is held by this stage; the tied token table by the
+  // first and the last.
+  void mark_stages(parameter_registry<T, Device>& registry, std::size_t first_parameter) const {
+    std::size_t i = 0;
+    for (auto& p : registry) {
+      if (i++ < first_parameter) continue;
+      const bool shared_table = config_.tie_weights && p.name == "embedding.token_weight";
+      p.placement = shared_table ? p.placement.held_by({0, cut_.count - 1})
+                                 : p.placement.held_by({cut_.index});
+    }
+  }
+
+  parameter<T, Device>& token_table() {
+    return tied_table_ != nullptr ? *tied_table_ : embedding_->token_weight();
+  }
+
+  // The head's (or the next stage's) gradient through the blocks, last first, by `pass`: dx
+  // (batch, rows, d) into the embedding or the previous stage.
+  template <class Pass>
+  quintet::tensor<T, Device> blocks_backward(context<Device>& ctx, const gradient_type& gradient,
+                                             bool split, Pass&& pass) {
+    auto block = blocks_.rbegin();
+    quintet::tensor<T, Device> dx;
+    if (holds_head()) {
+      dx = head_backward(ctx, gradient.loss_scale, split);
+    } else {
+      const saved_micro_batch kept = saved(ctx);
+      const shape expected{kept.batch, sequence::activation_layout(mesh_, kept.seq).rows(),
+                           config_.d_model};
+      QUINTET_CHECK(gradient.activations.shape() == expected,
+                    "gpt stage {}: a gradient of shape {} from the next stage, expected {}",
+                    cut_.index, gradient.activations.shape(), expected);
+      if (block == blocks_.rend()) return copy_of(gradient.activations);
+      dx = pass(**block++, gradient.activations);
+    }
+    for (; block != blocks_.rend(); ++block) dx = pass(**block, dx.view());
+    return dx;
+  }
+
+  static quintet::tensor<T, Device> copy_of(tensor_view<const T, Device> x) {
+    quintet::tensor<T, Device> out(x.shape());
+    copy(out, x);
+    return out;
+  }
+
+  // x (batch, rows, d) -> the micro-batch's loss; keeps what the head's backward needs.
+  kernels::cross_entropy_result head_forward(context<Device>& ctx, quintet::tensor<T, Device> x,
+                                             tensor_view<const std::int32_t, Device> targets,
+                                             const parallel::sequence_layout& input,
+                                             std::int32_t ignore_index) {
+    x = final_norm_->forward(ctx, x.view());
+    const std::int64_t batch = targets.shape()[0], rows = input.rows();
+    auto& logits = ctx.template save<T>("lm_head.logits", shape{batch, rows, shard_.columns});
+    if (head_) {
+      copy(logits, head_->forward(ctx, x.view()));
+    } else {
+      // The tied head is a column-parallel projection over the vocabulary: under megatron_sp it
+      // keeps the sequence block and gathers it (again in backward), as column_linear does.
+      auto& kept = ctx.template save<T>("lm_head.input", x.shape());
+      copy(kept, x);
+      parallel::with_whole_rows<Plan>(mesh_, kept, [&](tensor_view<const T, Device> rows_in) {
+        kernels::matmul(exec_, rows_in, token_table().value, logits, {.transpose_b = true});
+      });
+    }
+    auto& my_targets = ctx.template save<std::int32_t>("lm_head.targets", shape{batch, rows});
+    copy(my_targets, parallel::take_rows(targets, input));
+    auto& lse = ctx.template save<stat_type>("lm_head.lse", shape{batch, rows});
+    kernels::cross_entropy_result loss;
+    if constexpr (vocab_parallel) {
+      loss = parallel::vocab_parallel_cross_entropy_forward(exec_, mesh_->tp(), logits, my_targets,
+                                                            lse, ignore_index, shard_);
+    } else {
+      loss = kernels::cross_entropy_forward(exec_, logits, my_targets, lse, ignore_index);
+    }
+    return sequence::complete_loss(mesh_, loss);
+  }
+
+  // The head's backward from d(objective)/d(loss sum) -> dx (batch, rows, d) into the last block.
+  // `split`: the input pass only (the head's weight gradients wait for backward_weight).
+  quintet::tensor<T, Device> head_backward(context<Device>& ctx, double loss_scale, bool split) {
+    const std::int32_t ignore_index = saved(ctx).ignore_index;
+    const auto& logits = ctx.template get<T>("lm_head.logits");
+    const auto& targets = ctx.template get<std::int32_t>("lm_head.targets");
+    const auto& lse = ctx.template get<stat_type>("lm_head.lse");
+    quintet::tensor<T, Device> dlogits(logits.shape());  // (batch, rows, vocab / tp)
+    if constexpr (vocab_parallel) {
+      parallel::vocab_parallel_cross_entropy_backward(exec_, logits, targets, lse, dlogits,
+                                                      loss_scale, ignore_index, shard_);
+    } else {
+      kernels::cross_entropy_backward(exec_, logits, targets, lse, dlogits, loss_scale,
+                                      ignore_index);
+    }
+    quintet::tensor<T, Device> dx;  // (batch, rows, d)
+    if (head_) {
+      dx = split ? head_->backward_input(ctx, dlogits.view()) : head_->backward(ctx, dlogits.view());
+    } else {
+      if (split) {
+        copy(ctx.template save<T>("lm_head.output_grad", dlogits.shape()), dlogits);
+      } else {
+        tied_head_weight_gradient(ctx, dlogits);
+      }
+      // dx = dlogits W over the logits' rows (whole under megatron_sp), summed over tp.
+      dx = quintet::tensor<T, Device>(dlogits.shape().with_extent(2, config_.d_model));
+      kernels::matmul(exec_, dlogits, token_table().value, dx);
+      dx = parallel::complete_partial_rows<Plan>(mesh_, std::move(dx));
+    }
+    return split ? final_norm_->backward_input(ctx, dx.view())
+                 : final_norm_->backward(ctx, dx.view());
+  }
+
+  // The token table's gradient from the head's use of it: dW += dlogits^T x over the logits' rows.
+  void tied_head_weight_gradient(context<Device>& ctx, const quintet::tensor<T, Device>& dlogits) {
+    parameter<T, Device>& table = token_table();
+    parallel::with_whole_rows<Plan>(
+        mesh_, ctx.template get<T>("lm_head.input"), [&](tensor_view<const T, Device> input) {
+          const std::int64_t rows = input.numel() / config_.d_model;
+          kernels::matmul(exec_, reshape(dlogits, shape{rows, shard_.columns}),
+                          reshape(input, shape{rows, config_.d_model}), table.grad,
+                          {.transpose_a = true, .beta = 1.0});
+        });
+  }
+
+  struct saved_micro_batch {
+    std::int32_t ignore_index = 0;
+    std::int64_t batch = 0, seq = 0;
+  };
+  static saved_micro_batch saved(const context<Device>& ctx) {
+    quintet::tensor<std::int32_t, host> kept(shape{3});
+    copy(kept, ctx.template get<std::int32_t>("gpt.micro_batch"));
+    return {kept(0), kept(1), kept(2)};
+  }
+
+  const execution<Device>& exec_;
+  gpt_config config_;
+  stage_cut cut_;
+  Mesh* mesh_;
+  parallel::vocab_shard shard_;  // this rank's block of the (padded) vocabulary
+  std::optional<embedding<T, Device, Plan, Mesh>> embedding_;
+  std::optional<layer_norm<T, Device>> final_norm_;
+  std::vector<std::unique_ptr<block_type>> blocks_;
+  std::optional<typename projections::column> head_;  // only when the weights are not tied
+  parameter<T, Device>* tied_table_ = nullptr;         // the last stage's copy of the table
+};
+
+static_assert(stage<gpt_stage<float, host>>);
+
+}  // namespace quintet::nn

@@ -1,0 +1,32 @@
+// zero<Stage>: data parallelism with ZeRO stage 0 (DDP: replicated optimizer) .. 3 (FSDP:
+// parameters sharded), the style of parallel::dp<...>. Not implemented yet: a plan naming it
+// does not compile (issue: data parallelism with ZeRO). What it will be is stated here already —
+// each dp rank trains on its own rows of the batch and leaves every gradient partial over dp.
+#pragma once
+
+#include <quintet/mesh/mesh_axis.hpp>
+#include <quintet/parallel/strategy.hpp>
+
+#include <string_view>
+
+namespace quintet::parallel {
+
+template <int Stage>
+struct zero {
+  static_assert(Stage >= 0 && Stage <= 3, "parallel::zero<Stage>: Stage must be 0, 1, 2 or 3");
+  static constexpr int stage = Stage;
+};
+
+template <int Stage>
+struct strategy_traits<zero<Stage>> : style_traits_defaults {
+  static constexpr strategy kind = strategy::data;
+  static constexpr std::string_view name = "zero";
+  static constexpr bool implemented = false;
+  static constexpr mesh_axis_set axes{mesh_axis::dp};
+  static constexpr mesh_axis_set batch_split_axes{mesh_axis::dp};
+  static constexpr mesh_axis_set partial_gradient_axes(const placement&) {
+    return {mesh_axis::dp};
+  }
+};
+
+}  // namespace quintet::parallel

@@ -1,0 +1,93 @@
+// whole_sequence: what a plan without a sequence policy does with the sequence — every rank holds
+// all of it — and the base the sequence styles refine. Layers ask a plan's sequence behaviour
+// (parallel::sequence_of<Plan>, in plan.hpp) these questions:
+//
+//   shards_activations_on_tp   the activations between the linears hold the tp group's sequence
+//                              block (megatron_sp), so the vocabulary ends scatter and gather
+//   input_layout(mesh, seq)    the rows of tokens and targets this rank embeds and scores
+//   activation_layout(...)     the rows the activations between blocks hold
+//   to_attention / from_attention   what attention does to q, k, v around its kernel (Ulysses
+//                              trades sequence rows for heads) and back; head_split
+//   attention_forward/backward the attention kernel, or ring attention over sp
+//   complete_loss(mesh, loss)  the loss of this rank's rows -> the micro-batch's
+#pragma once
+
+#include <quintet/comm/communicator.hpp>
+#include <quintet/kernels/attention.hpp>
+#include <quintet/kernels/cross_entropy.hpp>
+#include <quintet/kernels/execution.hpp>
+#include <quintet/parallel/sequence/sequence_layout.hpp>
+#include <quintet/tensor/copy.hpp>
+#include <quintet/tensor/tensor.hpp>
+
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+
+namespace quintet::parallel {
+
+struct whole_sequence {
+  static constexpr bool shards_activations_on_tp = false;
+  // Attention's output is the output projection's input as it stands (no exchange after it), so
+  // the projection may refer to the tensor attention keeps instead of copying it.
+  static constexpr bool attention_output_is_projection_input = true;
+
+  template <class Mesh>
+  static sequence_layout input_layout(Mesh*, std::int64_t seq) {
+    return sequence_layout::whole(seq);
+  }
+  template <class Mesh>
+  static sequence_layout activation_layout(Mesh*, std::int64_t seq) {
+    return sequence_layout::whole(seq);
+  }
+
+  // Ranks that split one tp rank's heads between them (each attends with heads / tp / split).
+  template <class Mesh>
+  static std::int64_t head_split(Mesh*) {
+    return 1;
+  }
+  template <class Mesh, class T, class Device>
+  static quintet::tensor<T, Device> to_attention(Mesh*, quintet::tensor<T, Device> x,
+                                                 std::int64_t /*groups*/) {
+    return x;
+  }
+  template <class Mesh, class T, class Device>
+  static quintet::tensor<T, Device> from_attention(Mesh*, quintet::tensor<T, Device> x,
+                                                   std::int64_t /*groups*/) {
+    return x;
+  }
+
+  template <class Mesh, class Device, class... Operands>
+  static void attention_forward(const execution<Device>& exec, Mesh*, Operands&&... operands) {
+    kernels::attention_forward(exec, std::forward<Operands>(operands)...);
+  }
+  template <class Mesh, class Device, class... Operands>
+  static void attention_backward(const execution<Device>& exec, Mesh*, Operands&&... operands) {
+    kernels::attention_backward(exec, std::forward<Operands>(operands)...);
+  }
+
+  template <class Mesh>
+  static kernels::cross_entropy_result complete_loss(Mesh*, kernels::cross_entropy_result loss) {
+    return loss;
+  }
+};
+
+// The (sum, count) of a loss summed over `group`: every rank scored its own rows.
+template <communicator Comm>
+kernels::cross_entropy_result sum_loss_over(Comm& group, kernels::cross_entropy_result local) {
+  using Device = typename Comm::device_type;
+  quintet::tensor<double, host> totals(shape{2});
+  totals(0) = local.loss_sum;
+  totals(1) = static_cast<double>(local.count);
+  if constexpr (std::is_same_v<Device, host>) {
+    group.all_reduce(totals, reduce_op::sum);
+  } else {
+    quintet::tensor<double, Device> on_device(shape{2});
+    copy(on_device, totals);
+    group.all_reduce(on_device, reduce_op::sum);
+    copy(totals, on_device);
+  }
+  return {.loss_sum = totals(0), .count = static_cast<std::int64_t>(totals(1))};
+}
+
+}  // namespace quintet::parallel
