@@ -126,7 +126,7 @@ class gpt_stage {
   using input_type = gpt_stage_input<T, Device>;
   using output_type = gpt_stage_output<T, Device>;
   using gradient_type = gpt_stage_gradient<T, Device>;
-  using input_gradient_type = quintet::tensor<T, Device>;  // empty from the first stage
+  using input_gradient_type = quintet::tensor<T, Device>;  // no data from the first stage
 
   gpt_stage(parameter_registry<T, Device>& registry, const execution<Device>& exec,
             const gpt_config& config, stage_cut cut, Mesh* mesh = nullptr)
@@ -218,7 +218,8 @@ class gpt_stage {
   }
 
   // Accumulates the gradients of the objective (given back as `gradient`) into this stage's
-  // parameters; returns the gradient of its input activations (empty from the first stage).
+  // parameters; returns the gradient of its input activations (a tensor without data from the
+  // first stage, whose input is token ids).
   input_gradient_type backward(context<Device>& ctx, const gradient_type& gradient) {
     const std::int64_t seq = saved(ctx).seq;
     quintet::tensor<T, Device> dx = blocks_backward(
