@@ -155,6 +155,54 @@ TEST_CASE("the global gradient norm refuses sharded parameters", "[optim][clip]"
                       Catch::Contains("parameter 'w' is sharded"));
 }
 
+TEST_CASE("AdamW over owned ranges of each parameter is the whole update, range by range",
+          "[optim][adamw]") {
+  // Three registries with the same parameters and gradients: one optimizer updates everything,
+  // two others split every parameter's flattened elements between them, as two ZeRO ranks would.
+  const quintet::kernels::adamw_hyperparameters hp{.lr = 0.1, .weight_decay = 0.3};
+  parameter_registry<double, host> whole(3), low(3), high(3);
+  for (auto* registry : {&whole, &low, &high}) make_parameters(*registry);
+  quintet::optim::adamw<double, host> all(whole, exec, hp), first(low, exec, hp),
+      second(high, exec, hp);
+  std::vector<std::vector<double>> initial;
+  for (auto& p : low) {
+    const std::int64_t n = p.value.numel(), half = n / 2;
+    first.own(p.name, {0, half});
+    second.own(p.name, {half, n});
+    initial.emplace_back(p.value.data(), p.value.data() + n);
+  }
+  CHECK(first.state("fc.weight").m.numel() == 6);
+  CHECK(!first.state("fc.weight").whole);
+  for (int t = 1; t <= 3; ++t) {
+    for (auto* registry : {&whole, &low, &high}) random_gradients(*registry, t);
+    all.step(0.1, 0.7);
+    first.step(0.1, 0.7);
+    second.step(0.1, 0.7);
+  }
+  std::size_t i = 0;
+  for (auto& p : whole) {
+    const auto& a = low.find(p.name);
+    const auto& b = high.find(p.name);
+    const std::int64_t n = p.value.numel(), half = n / 2;
+    for (std::int64_t e = 0; e < n; ++e) {
+      INFO(p.name << "[" << e << "]");
+      // Each element moved exactly as in the whole update on the rank that owns it, and not at all
+      // on the other.
+      const double owned = e < half ? a.value.data()[e] : b.value.data()[e];
+      const double other = e < half ? b.value.data()[e] : a.value.data()[e];
+      REQUIRE(owned == p.value.data()[e]);
+      REQUIRE(other == initial[i][e]);
+    }
+    ++i;
+  }
+  REQUIRE_THROWS_WITH(first.own("fc.bias", {0, 1}),
+                      Catch::Contains("'fc.bias' changes owner after 3 steps"));
+  quintet::optim::adamw<double, host> fresh(whole, exec, hp);
+  REQUIRE_THROWS_WITH(fresh.own("fc.bias", {2, 4}),
+                      Catch::Contains("range [2, 4) is outside parameter 'fc.bias' of 3 elements"));
+  REQUIRE_THROWS_WITH(fresh.own("nope", {0, 1}), Catch::Contains("no state for parameter 'nope'"));
+}
+
 TEST_CASE("optimizers reject bad hyperparameters", "[optim]") {
   parameter_registry<float, host> registry(1);
   REQUIRE_THROWS_WITH((quintet::optim::adamw<float, host>(registry, exec, {.beta1 = 1.0})),

@@ -1,6 +1,10 @@
 // adamw: AdamW (Loshchilov & Hutter) over a parameter registry — bias-corrected moments, weight
 // decay decoupled from the gradient and applied only to the parameters that take it (weights,
 // embeddings; not biases and layer-norm scales, as GPT-2 training does: see nn::weight_decay).
+//
+// The state is keyed by parameter name and covers a range of the flattened parameter: the whole
+// of it by default, or the range this rank owns (own(), what ZeRO gives each data-parallel rank),
+// in which case the update touches only that range and the moments are that range's size.
 #pragma once
 
 #include <quintet/core/error.hpp>
@@ -8,11 +12,17 @@
 #include <quintet/kernels/execution.hpp>
 #include <quintet/kernels/optimizer.hpp>
 #include <quintet/nn/parameter.hpp>
+#include <quintet/parallel/flat_sharding.hpp>
 #include <quintet/tensor/fill.hpp>
+#include <quintet/tensor/reshape.hpp>
+#include <quintet/tensor/slice.hpp>
 #include <quintet/tensor/tensor.hpp>
 
 #include <cstdint>
-#include <vector>
+#include <functional>
+#include <map>
+#include <string>
+#include <string_view>
 
 namespace quintet::optim {
 
@@ -21,6 +31,13 @@ class adamw {
   using state_type = kernels::accumulator_t<T>;
 
  public:
+  // One parameter's moments over `range` of its flattened elements (the whole: shaped like it).
+  struct moments {
+    quintet::tensor<state_type, Device> m, v;
+    parallel::flat_range range;
+    bool whole = true;
+  };
+
   adamw(nn::parameter_registry<T, Device>& registry, const execution<Device>& exec,
         const kernels::adamw_hyperparameters& hyperparameters)
       : registry_(registry), exec_(exec), hyperparameters_(hyperparameters) {
@@ -32,44 +49,77 @@ class adamw {
     QUINTET_CHECK(hyperparameters.weight_decay >= 0, "adamw: weight decay {} is negative",
                   hyperparameters.weight_decay);
     for (auto& p : registry_) {
-      states_.push_back({quintet::tensor<state_type, Device>(p.value.shape()),
-                         quintet::tensor<state_type, Device>(p.value.shape())});
-      fill(states_.back().m, state_type(0));
-      fill(states_.back().v, state_type(0));
+      moments& state = states_[p.name];
+      state.m = quintet::tensor<state_type, Device>(p.value.shape());
+      state.v = quintet::tensor<state_type, Device>(p.value.shape());
+      state.range = {0, p.value.numel()};
+      fill(state.m, state_type(0));
+      fill(state.v, state_type(0));
     }
   }
   adamw(nn::parameter_registry<T, Device>&, const execution<Device>&&,
         const kernels::adamw_hyperparameters&) = delete;
 
-  // One update of every parameter with learning rate `lr` and gradient grad_scale * grad (the
-  // clipping factor).
+  // From now on this rank updates only `range` of parameter `name`'s flattened elements; its
+  // moments restart at zero over that range (call before the first step).
+  void own(std::string_view name, parallel::flat_range range) {
+    moments& state = find(name);
+    const std::int64_t numel = registry_.find(name).value.numel();
+    QUINTET_CHECK(0 <= range.begin && range.begin <= range.end && range.end <= numel,
+                  "adamw: range [{}, {}) is outside parameter '{}' of {} elements", range.begin,
+                  range.end, name, numel);
+    QUINTET_CHECK(steps_ == 0, "adamw: parameter '{}' changes owner after {} steps", name, steps_);
+    state.m = quintet::tensor<state_type, Device>(shape{range.size()});
+    state.v = quintet::tensor<state_type, Device>(shape{range.size()});
+    fill(state.m, state_type(0));
+    fill(state.v, state_type(0));
+    state.range = range;
+    state.whole = range.begin == 0 && range.end == numel;
+  }
+
+  // One update of every parameter's owned range with learning rate `lr` and gradient
+  // grad_scale * grad (the clipping factor).
   void step(double lr, double grad_scale = 1.0) {
     QUINTET_CHECK(registry_.size() == states_.size(),
                   "adamw: the registry holds {} parameters but the optimizer was built for {}",
                   registry_.size(), states_.size());
     ++steps_;
-    std::size_t i = 0;
     for (auto& p : registry_) {
       kernels::adamw_hyperparameters hp = hyperparameters_;
       hp.lr = lr;
       if (p.decay == nn::weight_decay::exempt) hp.weight_decay = 0.0;  // biases, norms
-      kernels::adamw_update(exec_, p.value, p.grad, states_[i].m, states_[i].v, hp, steps_,
-                            grad_scale);
-      ++i;
+      moments& state = find(p.name);
+      if (state.whole) {
+        kernels::adamw_update(exec_, p.value, p.grad, state.m, state.v, hp, steps_, grad_scale);
+      } else if (state.range.size() > 0) {
+        kernels::adamw_update(exec_, range_of(p.value, state.range),
+                              range_of(p.grad, state.range), state.m, state.v, hp, steps_,
+                              grad_scale);
+      }
     }
   }
 
+  const moments& state(std::string_view name) const {
+    const auto found = states_.find(name);
+    QUINTET_CHECK(found != states_.end(), "adamw: no state for parameter '{}'", name);
+    return found->second;
+  }
   std::int64_t steps() const { return steps_; }
 
  private:
-  struct moments {
-    quintet::tensor<state_type, Device> m, v;
-  };
+  moments& find(std::string_view name) {
+    const auto found = states_.find(name);
+    QUINTET_CHECK(found != states_.end(), "adamw: no state for parameter '{}'", name);
+    return found->second;
+  }
+  static tensor_view<T, Device> range_of(tensor_view<T, Device> t, parallel::flat_range range) {
+    return slice(reshape(t, shape{t.numel()}), 0, range.begin, range.end);
+  }
 
   nn::parameter_registry<T, Device>& registry_;
   const execution<Device>& exec_;
   kernels::adamw_hyperparameters hyperparameters_;
-  std::vector<moments> states_;
+  std::map<std::string, moments, std::less<>> states_;
   std::int64_t steps_ = 0;
 };
 
