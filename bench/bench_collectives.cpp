@@ -2,6 +2,8 @@
 // and raw MPI under mpirun), each collective and sizes 1 KiB..256 MiB of fp32: untimed warm-up, a
 // timed loop with no synchronisation inside (time = the slowest rank's), the data checked after
 // timing, and algbw / busbw with the nccl-tests factors. memcpy is the single-thread reference.
+// The *_async rows issue the asynchronous form and wait for it at once: what the asynchronous
+// path costs over the blocking call (thread_comm's progress thread, MPI's non-blocking calls).
 //
 //   bench_collectives [--max-bytes=N] [--thread-ranks=2,4] [--mpi-order=comm-first] [benchmark
 //   flags] mpirun -np 2 bench_collectives ...      adds mpi_comm and raw MPI, measured in the same
@@ -40,6 +42,9 @@ enum class collective { all_reduce, all_gather, reduce_scatter, broadcast, all_t
 constexpr collective all_collectives[] = {collective::all_reduce,     collective::all_gather,
                                           collective::reduce_scatter, collective::broadcast,
                                           collective::all_to_all,     collective::send_recv};
+// The collectives with an asynchronous form here (send_recv: exchange_async).
+constexpr collective async_collectives[] = {collective::all_reduce, collective::all_gather,
+                                            collective::reduce_scatter, collective::send_recv};
 
 std::string_view name_of(collective op) {
   constexpr std::string_view names[] = {"all_reduce", "all_gather", "reduce_scatter",
@@ -150,6 +155,30 @@ void perform(Comm& comm, collective op, tensor<float, host>& in, tensor<float, h
   }
 }
 
+// The asynchronous form of one operation, waited for at once.
+template <communicator Comm>
+void perform_async(Comm& comm, collective op, tensor<float, host>& in, tensor<float, host>& out) {
+  const int n = comm.size(), me = comm.rank();
+  switch (op) {
+    case collective::all_reduce:
+      comm.all_reduce_async(in, out).wait();
+      break;
+    case collective::all_gather:
+      comm.all_gather_async(in, out).wait();
+      break;
+    case collective::reduce_scatter:
+      comm.reduce_scatter_async(in, out).wait();
+      break;
+    case collective::send_recv: {
+      const p2p_op ring[] = {p2p_op::send(in, (me + 1) % n), p2p_op::recv(out, (me + n - 1) % n)};
+      comm.exchange_async(ring).wait();
+      break;
+    }
+    default:
+      QUINTET_FAIL("bench_collectives: {} has no asynchronous form", name_of(op));
+  }
+}
+
 using seconds = std::chrono::duration<double>;
 
 // Warm-up, timed loop, check. Returns this rank's seconds per iteration and its check result;
@@ -200,13 +229,19 @@ void bench_memcpy(benchmark::State& state, std::int64_t bytes) {
   report(state, time, ok, collective::broadcast, bytes, 1);  // factor 1: bytes copied per second
 }
 
-void bench_thread(benchmark::State& state, collective op, int n, std::int64_t bytes) {
+void bench_thread(benchmark::State& state, collective op, int n, std::int64_t bytes, bool async) {
   std::vector<double> times(n);
   std::atomic<bool> ok{true};
   thread_world{n}.run([&](thread_comm& comm) {
     const auto [time, right] = measure(
         op, bytes, iterations_for(bytes), comm.rank(), n, [&] { comm.barrier(); },
-        [&](auto& in, auto& out) { perform(comm, op, in, out); });
+        [&](auto& in, auto& out) {
+          if (async) {
+            perform_async(comm, op, in, out);
+          } else {
+            perform(comm, op, in, out);
+          }
+        });
     times[comm.rank()] = time;
     if (!right) ok = false;
   });
@@ -376,7 +411,17 @@ int main(int argc, char** argv) {
       for (const collective op : all_collectives) {
         for (const std::int64_t bytes : sizes) {
           benchmark::RegisterBenchmark(label("thread_comm:" + std::to_string(n), op, bytes).c_str(),
-                                       bench_thread, op, n, bytes)
+                                       bench_thread, op, n, bytes, false)
+              ->UseManualTime()
+              ->Iterations(1)
+              ->Unit(benchmark::kMicrosecond);
+        }
+      }
+      for (const collective op : async_collectives) {
+        for (const std::int64_t bytes : sizes) {
+          benchmark::RegisterBenchmark(
+              label("thread_comm_async:" + std::to_string(n), op, bytes).c_str(), bench_thread, op,
+              n, bytes, true)
               ->UseManualTime()
               ->Iterations(1)
               ->Unit(benchmark::kMicrosecond);
@@ -423,6 +468,19 @@ int main(int argc, char** argv) {
           register_raw();
           register_comm();
         }
+      }
+    }
+    for (const collective op : async_collectives) {
+      for (const std::int64_t bytes : sizes) {
+        benchmark::RegisterBenchmark(
+            label("mpi_comm_async:" + std::to_string(world_size), op, bytes).c_str(),
+            [op, bytes, comm = world.get()](benchmark::State& state) {
+              bench_mpi(state, op, bytes,
+                        [op, comm](auto& in, auto& out) { perform_async(*comm, op, in, out); });
+            })
+            ->UseManualTime()
+            ->Iterations(1)
+            ->Unit(benchmark::kMicrosecond);
       }
     }
   } else if (world_rank == 0) {

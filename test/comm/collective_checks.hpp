@@ -4,6 +4,7 @@
 // They throw std::runtime_error on a wrong answer (Catch2 assertions are not thread-safe).
 #pragma once
 
+#include <quintet/comm/comm_request.hpp>
 #include <quintet/comm/communicator.hpp>
 #include <quintet/comm/host_reduce.hpp>
 #include <quintet/core/dtype.hpp>
@@ -312,6 +313,115 @@ void check_every_collective(Comm& comm, bool exact, std::uint64_t seed) {
   check_reduce_scatter<T>(comm, 257, reduce_op::average, exact, seed++);
   check_all_to_all_v<T>(comm, seed++);
   check_point_to_point<T>(comm, 513, seed++);
+}
+
+template <class T>
+void expect_same(const tensor<T, host>& got, const tensor<T, host>& expected, double tolerance,
+                 const std::string& where) {
+  if (got.numel() != expected.numel()) {
+    throw std::runtime_error(
+        fmt::format("{}: {} elements, expected {}", where, got.numel(), expected.numel()));
+  }
+  for (std::int64_t i = 0; i < got.numel(); ++i) {
+    expect_value(got.data()[i], expected.data()[i], tolerance, where, i);
+  }
+}
+
+// Every asynchronous form against its blocking form on the same inputs: all six in flight at once
+// on one communicator, `between()` run while they are, then waited in reverse order. Bit for bit
+// when `exact` (a backend whose non-blocking reductions may combine in another order than its
+// blocking ones gets reduce_tolerance).
+template <class T, class Comm, class Between>
+void check_async_forms(Comm& comm, std::int64_t count, bool exact, std::uint64_t seed,
+                       Between between) {
+  const int n = comm.size();
+  const int me = comm.rank();
+  const int right = (me + 1) % n, left = (me + n - 1) % n;
+  const auto input = rank_input<T>(seed, me, count);
+  const auto scattered = rank_input<T>(seed + 1, me, count * n);  // (ranks, count)
+  const auto message = rank_input<T>(seed + 2, me, count);
+  std::vector<std::int64_t> in_counts(n), out_counts(n);
+  std::int64_t in_total = 0, out_total = 0;
+  for (int j = 0; j < n; ++j) {
+    in_counts[j] = v_count(seed, me, j);
+    out_counts[j] = v_count(seed, j, me);
+    in_total += in_counts[j];
+    out_total += out_counts[j];
+  }
+  const auto packed = rank_input<T>(seed + 3, me, in_total);
+
+  struct results {
+    tensor<T, host> sum, max, average_block, gathered, unpacked, received;
+  };
+  auto make_results = [&] {
+    return results{tensor<T, host>(shape{count}),     rank_input<T>(seed, me, count),
+                   tensor<T, host>(shape{count}),     tensor<T, host>(shape{n, count}),
+                   tensor<T, host>(shape{out_total}), tensor<T, host>(shape{count})};
+  };
+  results blocking = make_results();
+  comm.all_reduce(input, blocking.sum, reduce_op::sum);
+  comm.all_reduce(blocking.max, reduce_op::max);
+  comm.reduce_scatter(scattered, blocking.average_block, reduce_op::average);
+  comm.all_gather(input, blocking.gathered);
+  comm.all_to_all_v(packed, in_counts, blocking.unpacked, out_counts);
+  const p2p_op blocking_ring[] = {p2p_op::send(message, right, 3),
+                                  p2p_op::recv(blocking.received, left, 3)};
+  comm.exchange(blocking_ring);
+
+  results async = make_results();
+  std::vector<comm_request> requests;
+  requests.push_back(comm.all_reduce_async(input, async.sum, reduce_op::sum));
+  requests.push_back(comm.all_reduce_async(async.max, reduce_op::max));
+  requests.push_back(comm.reduce_scatter_async(scattered, async.average_block, reduce_op::average));
+  requests.push_back(comm.all_gather_async(input, async.gathered));
+  requests.push_back(comm.all_to_all_v_async(packed, in_counts, async.unpacked, out_counts));
+  {
+    const p2p_op ring[] = {p2p_op::send(message, right, 3), p2p_op::recv(async.received, left, 3)};
+    requests.push_back(comm.exchange_async(ring));  // the batch is copied: `ring` may go
+  }
+  between();
+  for (auto request = requests.rbegin(); request != requests.rend(); ++request) request->wait();
+
+  const std::string where =
+      fmt::format("async {} of {} on rank {}/{}", name_of(dtype_of<T>), count, me, n);
+  const double tolerance = reduce_tolerance<T>(exact, n);
+  expect_same(async.sum, blocking.sum, tolerance, where + " all_reduce sum");
+  expect_same(async.max, blocking.max, 0.0, where + " all_reduce max in place");
+  expect_same(async.average_block, blocking.average_block, tolerance,
+              where + " reduce_scatter average");
+  expect_same(async.gathered, blocking.gathered, 0.0, where + " all_gather");
+  expect_same(async.unpacked, blocking.unpacked, 0.0, where + " all_to_all_v");
+  expect_same(async.received, blocking.received, 0.0, where + " exchange");
+}
+
+// The ordering rule: waiting a request completes those issued before it, and a blocking call
+// completes everything pending; results are in place after either.
+template <class Comm>
+void check_async_order(Comm& comm, std::uint64_t seed) {
+  const int n = comm.size();
+  const std::int64_t count = 3000;
+  std::vector<tensor<float, host>> buffers;
+  for (int k = 0; k < 4; ++k) buffers.push_back(rank_input<float>(seed + k, comm.rank(), count));
+  auto expect_reduced = [&](int k, const std::string& where) {
+    const std::vector<float> expected = serial_reduce<float>(seed + k, n, count, reduce_op::max);
+    for (std::int64_t i = 0; i < count; ++i) {
+      expect_value(buffers[k].data()[i], expected[i], 0.0, where, i);
+    }
+  };
+  comm_request first = comm.all_reduce_async(buffers[0], reduce_op::max);
+  comm_request second = comm.all_reduce_async(buffers[1], reduce_op::max);
+  second.wait();
+  if (!first.ready()) throw std::runtime_error("waiting the second request left the first pending");
+  expect_reduced(0, "the first of two requests after the second was waited");
+  expect_reduced(1, "the second of two requests");
+
+  comm_request third = comm.all_reduce_async(buffers[2], reduce_op::max);
+  comm.all_reduce(buffers[3], reduce_op::max);  // blocking: completes the third first
+  if (!third.ready()) throw std::runtime_error("a blocking all_reduce left a request pending");
+  expect_reduced(2, "a request before a blocking all_reduce");
+  expect_reduced(3, "a blocking all_reduce after a request");
+  first.wait();  // already complete: returns at once
+  third.wait();
 }
 
 }  // namespace quintet::test

@@ -2,6 +2,7 @@
 // records calls and bytes per operation and per mesh axis as its header defines them.
 #include "collective_checks.hpp"
 
+#include <quintet/comm/comm_request.hpp>
 #include <quintet/comm/counting_comm.hpp>
 #include <quintet/comm/thread_comm.hpp>
 #include <quintet/mesh/device_mesh.hpp>
@@ -91,6 +92,50 @@ TEST_CASE("counting_comm: calls and bytes follow the nccl-tests definitions", "[
       throw std::runtime_error("the world axis should hold 10 calls");
     }
   }));
+}
+
+TEST_CASE("counting_comm: async forms forward and are tallied exactly as the blocking ones",
+          "[comm][counting][async]") {
+  for (int n : {1, 2, 4}) {
+    INFO("ranks: " << n);
+    REQUIRE_NOTHROW(thread_world{n}.run([](thread_comm& world) {
+      counting_comm<thread_comm> comm(world.split(0, world.rank()));
+      test::check_async_forms<float>(comm, 1000, true, 900, [] {});
+      test::check_async_forms<bf16>(comm, 5003, true, 901, [] {});
+      test::check_async_order(comm, 902);
+      // The same calls, blocking on one ledger and async on another, record the same tallies.
+      counting_comm<thread_comm> blocking(world.split(0, world.rank()), "blocking");
+      counting_comm<thread_comm> async(world.split(0, world.rank()), "async");
+      const int size = world.size();
+      tensor<float, host> in(shape{4 * size}), out(shape{4 * size}), block(shape{4}),
+          gathered(shape{4 * size});
+      std::vector<std::int64_t> counts(size, 1);
+      tensor<std::int64_t, host> message(shape{3}), reply(shape{3});
+      const int right = (world.rank() + 1) % size, left = (world.rank() + size - 1) % size;
+      const p2p_op ring[] = {p2p_op::send(message, right), p2p_op::recv(reply, left)};
+      blocking.all_reduce(in, out);
+      blocking.all_reduce(out, reduce_op::max);
+      blocking.reduce_scatter(in, block);
+      blocking.all_gather(block, gathered);
+      blocking.all_to_all_v(in, counts, out, counts);
+      blocking.exchange(ring);
+      std::vector<comm_request> requests;
+      requests.push_back(async.all_reduce_async(in, out));
+      requests.push_back(async.all_reduce_async(out, reduce_op::max));
+      requests.push_back(async.reduce_scatter_async(in, block));
+      requests.push_back(async.all_gather_async(block, gathered));
+      requests.push_back(async.all_to_all_v_async(in, counts, out, counts));
+      requests.push_back(async.exchange_async(ring));
+      for (comm_request& request : requests) request.wait();
+      for (const comm_operation op :
+           {comm_operation::all_reduce, comm_operation::reduce_scatter, comm_operation::all_gather,
+            comm_operation::all_to_all_v, comm_operation::send, comm_operation::recv}) {
+        const comm_tally expected = blocking.ledger().tally("blocking", op);
+        if (expected.calls == 0) throw std::runtime_error("the blocking calls were not recorded");
+        expect_tally(async.ledger(), "async", op, expected);
+      }
+    }));
+  }
 }
 
 TEST_CASE("counting_comm: a device_mesh of counting communicators records per axis",

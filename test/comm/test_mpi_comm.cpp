@@ -1,14 +1,18 @@
 // mpi_comm under mpirun (-np 2 and -np 4): the same semantic checks thread_comm passes, the
-// consistency check, and (with --abort) a throwing rank that takes the job down with its message.
+// asynchronous forms, the consistency check, and (with --abort, --abort-dropped) a throwing rank
+// or a failed request nobody waited for, which take the job down with their message.
 #define CATCH_CONFIG_RUNNER
 #include "collective_checks.hpp"
 
+#include <quintet/comm/comm_request.hpp>
 #include <quintet/comm/counting_comm.hpp>
+#include <quintet/comm/exchange_counts.hpp>
 #include <quintet/comm/mpi_comm.hpp>
 #include <quintet/mesh/device_mesh.hpp>
 
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -61,6 +65,80 @@ TEST_CASE("mpi_comm: with the consistency check, disagreeing ranks get comm_erro
   world.barrier();  // the communicator is still usable after the reported mismatch
 }
 
+TEST_CASE("mpi_comm: every async form matches the blocking form", "[comm][mpi][async]") {
+  mpi_comm world;
+  mpi_comm other = world.split(0, world.rank());
+  std::uint64_t seed = 1000;
+  double work = 0;
+  auto compute = [&] {
+    for (int i = 1; i <= 20000; ++i) work += std::sqrt(static_cast<double>(i));
+  };
+  auto blocking_elsewhere = [&] {
+    tensor<double, host> values(shape{500});
+    other.all_reduce(test::rank_input<double>(seed, other.rank(), 500), values);
+  };
+  // Non-blocking reductions may combine in another order than blocking ones: floats get the
+  // usual tolerance, integers and every data movement are exact.
+  for (const std::int64_t count : {1, 1000, 5003}) {
+    test::check_async_forms<float>(world, count, false, seed++, compute);
+    test::check_async_forms<bf16>(world, count, false, seed++, blocking_elsewhere);
+    test::check_async_forms<half>(world, count, false, seed++, compute);
+    test::check_async_forms<double>(world, count, false, seed++, blocking_elsewhere);
+    test::check_async_forms<std::int32_t>(world, count, true, seed++, compute);
+    test::check_async_forms<std::int64_t>(world, count, true, seed++, compute);
+  }
+  CHECK(work > 0);
+  test::check_async_order(world, 2000);
+}
+
+TEST_CASE("mpi_comm: a request dropped without wait completes its operation",
+          "[comm][mpi][async]") {
+  mpi_comm world;
+  const std::int64_t count = 4000;
+  auto values = test::rank_input<bf16>(3000, world.rank(), count);  // the fp32 staging path
+  { const comm_request dropped = world.all_reduce_async(values, reduce_op::max); }
+  const std::vector<bf16> expected =
+      test::serial_reduce<bf16>(3000, world.size(), count, reduce_op::max);
+  int wrong = 0;
+  for (std::int64_t i = 0; i < count; ++i) wrong += values.data()[i] == expected[i] ? 0 : 1;
+  CHECK(wrong == 0);
+}
+
+TEST_CASE("mpi_comm: exchange_counts gives all_to_all_v its receive counts", "[comm][mpi]") {
+  mpi_comm world;
+  const int n = world.size();
+  std::vector<std::int64_t> send_counts(n);
+  for (int j = 0; j < n; ++j) send_counts[j] = test::v_count(5, world.rank(), j);
+  const std::vector<std::int64_t> received = exchange_counts(world, send_counts);
+  for (int i = 0; i < n; ++i) CHECK(received[i] == test::v_count(5, i, world.rank()));
+}
+
+TEST_CASE("mpi_comm: an async operation's error surfaces at wait()",
+          "[comm][mpi][async][mismatch]") {
+  mpi_comm world(MPI_COMM_WORLD, true);
+  tensor<float, host> values(shape{world.rank() == 1 ? 5 : 4});
+  comm_request mismatched = world.all_reduce_async(values);
+  CHECK_THROWS_WITH(mismatched.wait(), Catch::Contains("rank 0: all_reduce of 4 f32 elements") &&
+                                           Catch::Contains("rank 1: all_reduce of 5 f32 elements"));
+  tensor<float, host> in(shape{2 * world.size()}), out(shape{2 * world.size()});
+  std::vector<std::int64_t> counts(world.size(), 2), expected(world.size(), 2);
+  if (world.rank() == 0) expected[1] = 1;
+  comm_request bad_counts = world.all_to_all_v_async(in, counts, out, expected);
+  CHECK_THROWS_AS(bad_counts.wait(), comm_error);
+
+  tensor<float, host> small(shape{4}), large(shape{6});
+  if (world.rank() <= 1) {
+    const p2p_op op = world.rank() == 0 ? p2p_op::send(small, 1, 11) : p2p_op::recv(large, 0, 11);
+    comm_request request = world.exchange_async(std::span<const p2p_op>(&op, 1));
+    if (world.rank() == 1) {
+      CHECK_THROWS_WITH(request.wait(), Catch::Contains("expects 6 f32 elements, but 4 were sent"));
+    } else {
+      request.wait();
+    }
+  }
+  world.barrier();  // still usable
+}
+
 // A message longer than the receive is MPI_ERR_TRUNCATE, after which MPI leaves the state
 // undefined; only the shorter message, which MPI reports cleanly, is provoked here.
 TEST_CASE("mpi_comm: a receive longer than the message is a comm_error", "[comm][mpi][mismatch]") {
@@ -83,6 +161,18 @@ int main(int argc, char* argv[]) {
       if (world.rank() == 1) throw quintet::error("deliberate failure on rank 1");
       world.barrier();
     });
+    return 0;
+  }
+  if (argc > 1 && std::strcmp(argv[1], "--abort-dropped") == 0) {
+    // The ranks disagree about an all_reduce whose request nobody waits for: its destructor
+    // cannot throw, so it aborts the job with the error.
+    session.run(
+        [](mpi_comm& world) {
+          tensor<float, host> values(shape{world.rank() == 1 ? 5 : 4});
+          { const comm_request dropped = world.all_reduce_async(values); }
+          world.barrier();
+        },
+        true);
     return 0;
   }
   int world_rank = 0;

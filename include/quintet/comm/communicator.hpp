@@ -4,6 +4,7 @@
 #pragma once
 
 #include <quintet/comm/comm_error.hpp>
+#include <quintet/comm/comm_request.hpp>
 #include <quintet/core/dtype.hpp>
 #include <quintet/core/error.hpp>
 #include <quintet/tensor/device.hpp>
@@ -121,7 +122,13 @@ struct p2p_op {
 //   c.barrier()                             returns once every rank has entered it
 //   c.split(color, key)                     collective: a communicator of the same type over
 //                                           the ranks with the same color, ordered by key
+// and the asynchronous forms, which start the operation and return a comm_request to wait():
+//   c.all_reduce_async(in, out, op), c.all_reduce_async(inout, op),
+//   c.reduce_scatter_async(in, out, op), c.all_gather_async(in, out),
+//   c.all_to_all_v_async(in, in_counts, out, out_counts), c.exchange_async(ops)
 // Buffers are contiguous. Every rank of a communicator calls its collectives in the same order.
+// Operations on one communicator, asynchronous or not, complete in the order they were issued: a
+// blocking call first completes the pending ones, and waiting a request completes those before it.
 template <class C>
 concept communicator = device_tag<typename C::device_type> &&
     requires(C& c, const C& cc, tensor_view<const float, typename C::device_type> in,
@@ -141,6 +148,12 @@ concept communicator = device_tag<typename C::device_type> &&
   c.exchange(ops);
   c.barrier();
   { c.split(0, 0) } -> std::same_as<C>;
+  { c.all_reduce_async(in, out, reduce_op::sum) } -> std::same_as<comm_request>;
+  { c.all_reduce_async(out, reduce_op::sum) } -> std::same_as<comm_request>;
+  { c.reduce_scatter_async(in, out, reduce_op::sum) } -> std::same_as<comm_request>;
+  { c.all_gather_async(in, out) } -> std::same_as<comm_request>;
+  { c.all_to_all_v_async(in, counts, out, counts) } -> std::same_as<comm_request>;
+  { c.exchange_async(ops) } -> std::same_as<comm_request>;
 };
 
 // communicator_api<Derived, Device>: the typed front end shared by the backends. It checks what
@@ -149,6 +162,8 @@ concept communicator = device_tag<typename C::device_type> &&
 //   do_all_reduce(in, out, op)  do_reduce_scatter(in, out, op)  do_all_gather(in, out)
 //   do_broadcast(inout, root)   do_all_to_all(in, out)
 //   do_all_to_all_v(in, in_counts, out, out_counts)  do_exchange(ops)  do_barrier()
+// and, returning comm_request, do_all_reduce_async  do_reduce_scatter_async  do_all_gather_async
+// do_all_to_all_v_async  do_exchange_async (same arguments; the spans need not outlive the call).
 // Checks that need the other ranks (the same count everywhere) are the backend's.
 template <class Derived, device_tag Device>
 class communicator_api {
@@ -158,9 +173,7 @@ class communicator_api {
   template <class In, class Out>
   requires tensor_like<std::remove_cvref_t<In>> && tensor_like<std::remove_cvref_t<Out>>
   void all_reduce(const In& in, Out&& out, reduce_op op = reduce_op::sum) {
-    const auto [input, output] = in_out(view_of(in), view_of(out), "all_reduce");
-    QUINTET_CHECK(input.count == output.count,
-                  "all_reduce: input has {} elements but output has {}", input.count, output.count);
+    const auto [input, output] = all_reduce_buffers(view_of(in), view_of(out));
     self().do_all_reduce(input, output, op);
   }
 
@@ -174,20 +187,14 @@ class communicator_api {
   template <class In, class Out>
   requires tensor_like<std::remove_cvref_t<In>> && tensor_like<std::remove_cvref_t<Out>>
   void reduce_scatter(const In& in, Out&& out, reduce_op op = reduce_op::sum) {
-    const auto [input, output] = in_out(view_of(in), view_of(out), "reduce_scatter");
-    QUINTET_CHECK(input.count == output.count * size(),
-                  "reduce_scatter: input has {} elements, not size {} x output count {}",
-                  input.count, size(), output.count);
+    const auto [input, output] = reduce_scatter_buffers(view_of(in), view_of(out));
     self().do_reduce_scatter(input, output, op);
   }
 
   template <class In, class Out>
   requires tensor_like<std::remove_cvref_t<In>> && tensor_like<std::remove_cvref_t<Out>>
   void all_gather(const In& in, Out&& out) {
-    const auto [input, output] = in_out(view_of(in), view_of(out), "all_gather");
-    QUINTET_CHECK(output.count == input.count * size(),
-                  "all_gather: output has {} elements, not size {} x input count {}", output.count,
-                  size(), input.count);
+    const auto [input, output] = all_gather_buffers(view_of(in), view_of(out));
     self().do_all_gather(input, output);
   }
 
@@ -209,8 +216,9 @@ class communicator_api {
                   "all_to_all: input has {} elements but output has {}", input.count, output.count);
     QUINTET_CHECK(input.count % size() == 0,
                   "all_to_all: {} elements do not split into {} equal blocks", input.count, size());
-    QUINTET_CHECK(!detail::buffers_overlap(input, output),
-                  "all_to_all: input and output must not overlap");
+    // The name is an argument: nvcc's format_message warns about a format with none.
+    QUINTET_CHECK(!detail::buffers_overlap(input, output), "{}: input and output must not overlap",
+                  "all_to_all");
     self().do_all_to_all(input, output);
   }
 
@@ -220,11 +228,8 @@ class communicator_api {
   requires tensor_like<std::remove_cvref_t<In>> && tensor_like<std::remove_cvref_t<Out>>
   void all_to_all_v(const In& in, std::span<const std::int64_t> in_counts, Out&& out,
                     std::span<const std::int64_t> out_counts) {
-    const auto [input, output] = in_out(view_of(in), view_of(out), "all_to_all_v");
-    check_counts(in_counts, input.count, "in");
-    check_counts(out_counts, output.count, "out");
-    QUINTET_CHECK(!detail::buffers_overlap(input, output),
-                  "all_to_all_v: input and output must not overlap");
+    const auto [input, output] =
+        all_to_all_v_buffers(view_of(in), in_counts, view_of(out), out_counts);
     self().do_all_to_all_v(input, in_counts, output, out_counts);
   }
 
@@ -243,13 +248,53 @@ class communicator_api {
   }
 
   void exchange(std::span<const p2p_op> ops) {
-    for (const p2p_op& op : ops) {
-      QUINTET_CHECK(op.peer >= 0 && op.peer < size(),
-                    "exchange: peer {} is not a rank of a size-{} communicator", op.peer, size());
-      QUINTET_CHECK(op.buffer.data != nullptr || op.buffer.count == 0,
-                    "exchange: a {}-element buffer has no memory", op.buffer.count);
-    }
+    check_peers(ops);
     self().do_exchange(ops);
+  }
+
+  // The asynchronous forms: the same checks (a bad argument throws here), then the operation is
+  // started and a comm_request returned; its result (or error) is there once wait() returns.
+  // Buffers must stay alive until then; counts and the ops list are copied.
+  template <class In, class Out>
+  requires tensor_like<std::remove_cvref_t<In>> && tensor_like<std::remove_cvref_t<Out>>
+      comm_request all_reduce_async(const In& in, Out&& out, reduce_op op = reduce_op::sum) {
+    const auto [input, output] = all_reduce_buffers(view_of(in), view_of(out));
+    return self().do_all_reduce_async(input, output, op);
+  }
+
+  template <class InOut>
+  requires tensor_like<std::remove_cvref_t<InOut>> comm_request
+  all_reduce_async(InOut&& inout, reduce_op op = reduce_op::sum) {
+    const comm_buffer buffer = writable(view_of(inout), "all_reduce", "in-out");
+    return self().do_all_reduce_async(buffer, buffer, op);
+  }
+
+  template <class In, class Out>
+  requires tensor_like<std::remove_cvref_t<In>> && tensor_like<std::remove_cvref_t<Out>>
+      comm_request reduce_scatter_async(const In& in, Out&& out, reduce_op op = reduce_op::sum) {
+    const auto [input, output] = reduce_scatter_buffers(view_of(in), view_of(out));
+    return self().do_reduce_scatter_async(input, output, op);
+  }
+
+  template <class In, class Out>
+  requires tensor_like<std::remove_cvref_t<In>> && tensor_like<std::remove_cvref_t<Out>>
+      comm_request all_gather_async(const In& in, Out&& out) {
+    const auto [input, output] = all_gather_buffers(view_of(in), view_of(out));
+    return self().do_all_gather_async(input, output);
+  }
+
+  template <class In, class Out>
+  requires tensor_like<std::remove_cvref_t<In>> && tensor_like<std::remove_cvref_t<Out>>
+      comm_request all_to_all_v_async(const In& in, std::span<const std::int64_t> in_counts,
+                                      Out&& out, std::span<const std::int64_t> out_counts) {
+    const auto [input, output] =
+        all_to_all_v_buffers(view_of(in), in_counts, view_of(out), out_counts);
+    return self().do_all_to_all_v_async(input, in_counts, output, out_counts);
+  }
+
+  comm_request exchange_async(std::span<const p2p_op> ops) {
+    check_peers(ops);
+    return self().do_exchange_async(ops);
   }
 
   void barrier() { self().do_barrier(); }
@@ -257,6 +302,54 @@ class communicator_api {
  private:
   Derived& self() { return static_cast<Derived&>(*this); }
   int size() const { return static_cast<const Derived&>(*this).size(); }
+
+  template <class InView, class OutView>
+  std::pair<comm_buffer, comm_buffer> all_reduce_buffers(const InView& in, const OutView& out) {
+    const auto buffers = in_out(in, out, "all_reduce");
+    QUINTET_CHECK(buffers.first.count == buffers.second.count,
+                  "all_reduce: input has {} elements but output has {}", buffers.first.count,
+                  buffers.second.count);
+    return buffers;
+  }
+
+  template <class InView, class OutView>
+  std::pair<comm_buffer, comm_buffer> reduce_scatter_buffers(const InView& in, const OutView& out) {
+    const auto buffers = in_out(in, out, "reduce_scatter");
+    QUINTET_CHECK(buffers.first.count == buffers.second.count * size(),
+                  "reduce_scatter: input has {} elements, not size {} x output count {}",
+                  buffers.first.count, size(), buffers.second.count);
+    return buffers;
+  }
+
+  template <class InView, class OutView>
+  std::pair<comm_buffer, comm_buffer> all_gather_buffers(const InView& in, const OutView& out) {
+    const auto buffers = in_out(in, out, "all_gather");
+    QUINTET_CHECK(buffers.second.count == buffers.first.count * size(),
+                  "all_gather: output has {} elements, not size {} x input count {}",
+                  buffers.second.count, size(), buffers.first.count);
+    return buffers;
+  }
+
+  template <class InView, class OutView>
+  std::pair<comm_buffer, comm_buffer> all_to_all_v_buffers(
+      const InView& in, std::span<const std::int64_t> in_counts, const OutView& out,
+      std::span<const std::int64_t> out_counts) {
+    const auto buffers = in_out(in, out, "all_to_all_v");
+    check_counts(in_counts, buffers.first.count, "in");
+    check_counts(out_counts, buffers.second.count, "out");
+    QUINTET_CHECK(!detail::buffers_overlap(buffers.first, buffers.second),
+                  "{}: input and output must not overlap", "all_to_all_v");
+    return buffers;
+  }
+
+  void check_peers(std::span<const p2p_op> ops) const {
+    for (const p2p_op& op : ops) {
+      QUINTET_CHECK(op.peer >= 0 && op.peer < size(),
+                    "exchange: peer {} is not a rank of a size-{} communicator", op.peer, size());
+      QUINTET_CHECK(op.buffer.data != nullptr || op.buffer.count == 0,
+                    "exchange: a {}-element buffer has no memory", op.buffer.count);
+    }
+  }
 
   template <class InView, class OutView>
   static std::pair<comm_buffer, comm_buffer> in_out(const InView& in, const OutView& out,

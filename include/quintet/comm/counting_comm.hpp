@@ -3,6 +3,7 @@
 // hold a parallel strategy's traffic to the published formulas.
 #pragma once
 
+#include <quintet/comm/comm_request.hpp>
 #include <quintet/comm/communicator.hpp>
 #include <quintet/core/dtype.hpp>
 #include <quintet/tensor/device.hpp>
@@ -116,16 +117,17 @@ class comm_ledger {
 
 namespace detail {
 
-// A contiguous view of a raw buffer with its element type restored; calls fn(view).
+// A contiguous view of a raw buffer with its element type restored; returns fn(view).
 template <class Device, bool Writable, class Fn>
-void with_typed_view(const comm_buffer& buffer, Fn&& fn) {
-  auto make = [&]<class T>(T*) {
+decltype(auto) with_typed_view(const comm_buffer& buffer, Fn&& fn) {
+  auto make = [&]<class T>(T*) -> decltype(auto) {
     using element = std::conditional_t<Writable, T, const T>;
     typename Device::stream_type stream{};
     if constexpr (std::same_as<Device, cuda>) stream.handle = buffer.stream;
     const quintet::shape extents{buffer.count};
-    fn(tensor_view<element, Device>(static_cast<element*>(buffer.data), extents,
-                                    extents.row_major_strides(), buffer.device_index, stream));
+    return fn(tensor_view<element, Device>(static_cast<element*>(buffer.data), extents,
+                                           extents.row_major_strides(), buffer.device_index,
+                                           stream));
   };
   switch (buffer.type) {
     case dtype::f32:
@@ -141,17 +143,18 @@ void with_typed_view(const comm_buffer& buffer, Fn&& fn) {
     case dtype::i64:
       return make(static_cast<std::int64_t*>(nullptr));
   }
+  QUINTET_FAIL("counting_comm: unknown element type {}", static_cast<int>(buffer.type));
 }
 
 template <class Device, class Fn>
-void with_typed_views(const comm_buffer& in, const comm_buffer& out, Fn&& fn) {
-  with_typed_view<Device, false>(in, [&](auto input) {
+decltype(auto) with_typed_views(const comm_buffer& in, const comm_buffer& out, Fn&& fn) {
+  return with_typed_view<Device, false>(in, [&](auto input) -> decltype(auto) {
     using T = typename decltype(input)::value_type;
     const quintet::shape extents{out.count};
     typename Device::stream_type stream{};
     if constexpr (std::same_as<Device, cuda>) stream.handle = out.stream;
-    fn(input, tensor_view<T, Device>(static_cast<T*>(out.data), extents,
-                                     extents.row_major_strides(), out.device_index, stream));
+    return fn(input, tensor_view<T, Device>(static_cast<T*>(out.data), extents,
+                                            extents.row_major_strides(), out.device_index, stream));
   });
 }
 
@@ -187,29 +190,38 @@ class counting_comm : public communicator_api<counting_comm<Comm>, typename Comm
 
   double factor(double numerator) const { return numerator * (size() - 1) / size(); }
 
+  // Asynchronous forms are recorded when issued, exactly as the blocking ones.
   void do_all_reduce(comm_buffer in, comm_buffer out, reduce_op op) {
-    const auto bytes = static_cast<std::int64_t>(in.bytes());
-    ledger_->record(axis_, comm_operation::all_reduce, bytes, factor(2.0 * bytes));
-    if (in.data == out.data) {
-      detail::with_typed_view<device, true>(out, [&](auto inout) { inner_.all_reduce(inout, op); });
-    } else {
-      detail::with_typed_views<device>(
-          in, out, [&](auto input, auto output) { inner_.all_reduce(input, output, op); });
-    }
+    record_all_reduce(in);
+    forward_all_reduce(in, out, [&](auto&&... args) { inner_.all_reduce(args..., op); });
+  }
+  comm_request do_all_reduce_async(comm_buffer in, comm_buffer out, reduce_op op) {
+    record_all_reduce(in);
+    return forward_all_reduce(in, out,
+                              [&](auto&&... args) { return inner_.all_reduce_async(args..., op); });
   }
 
   void do_reduce_scatter(comm_buffer in, comm_buffer out, reduce_op op) {
-    const auto bytes = static_cast<std::int64_t>(in.bytes());
-    ledger_->record(axis_, comm_operation::reduce_scatter, bytes, factor(bytes));
+    record_reduce_scatter(in);
     detail::with_typed_views<device>(
         in, out, [&](auto input, auto output) { inner_.reduce_scatter(input, output, op); });
   }
+  comm_request do_reduce_scatter_async(comm_buffer in, comm_buffer out, reduce_op op) {
+    record_reduce_scatter(in);
+    return detail::with_typed_views<device>(in, out, [&](auto input, auto output) {
+      return inner_.reduce_scatter_async(input, output, op);
+    });
+  }
 
   void do_all_gather(comm_buffer in, comm_buffer out) {
-    const auto bytes = static_cast<std::int64_t>(out.bytes());
-    ledger_->record(axis_, comm_operation::all_gather, bytes, factor(bytes));
+    record_all_gather(out);
     detail::with_typed_views<device>(
         in, out, [&](auto input, auto output) { inner_.all_gather(input, output); });
+  }
+  comm_request do_all_gather_async(comm_buffer in, comm_buffer out) {
+    record_all_gather(out);
+    return detail::with_typed_views<device>(
+        in, out, [&](auto input, auto output) { return inner_.all_gather_async(input, output); });
   }
 
   void do_broadcast(comm_buffer inout, int root) {
@@ -228,29 +240,70 @@ class counting_comm : public communicator_api<counting_comm<Comm>, typename Comm
 
   void do_all_to_all_v(comm_buffer in, std::span<const std::int64_t> in_counts, comm_buffer out,
                        std::span<const std::int64_t> out_counts) {
+    record_all_to_all_v(in, in_counts);
+    detail::with_typed_views<device>(in, out, [&](auto input, auto output) {
+      inner_.all_to_all_v(input, in_counts, output, out_counts);
+    });
+  }
+  comm_request do_all_to_all_v_async(comm_buffer in, std::span<const std::int64_t> in_counts,
+                                     comm_buffer out, std::span<const std::int64_t> out_counts) {
+    record_all_to_all_v(in, in_counts);
+    return detail::with_typed_views<device>(in, out, [&](auto input, auto output) {
+      return inner_.all_to_all_v_async(input, in_counts, output, out_counts);
+    });
+  }
+
+  void do_exchange(std::span<const p2p_op> ops) {
+    record_exchange(ops);
+    inner_.exchange(ops);
+  }
+  comm_request do_exchange_async(std::span<const p2p_op> ops) {
+    record_exchange(ops);
+    return inner_.exchange_async(ops);
+  }
+
+  void do_barrier() {
+    ledger_->record(axis_, comm_operation::barrier, 0, 0);
+    inner_.barrier();
+  }
+
+  void record_all_reduce(const comm_buffer& in) {
+    const auto bytes = static_cast<std::int64_t>(in.bytes());
+    ledger_->record(axis_, comm_operation::all_reduce, bytes, factor(2.0 * bytes));
+  }
+
+  void record_reduce_scatter(const comm_buffer& in) {
+    const auto bytes = static_cast<std::int64_t>(in.bytes());
+    ledger_->record(axis_, comm_operation::reduce_scatter, bytes, factor(bytes));
+  }
+
+  void record_all_gather(const comm_buffer& out) {
+    const auto bytes = static_cast<std::int64_t>(out.bytes());
+    ledger_->record(axis_, comm_operation::all_gather, bytes, factor(bytes));
+  }
+
+  void record_all_to_all_v(const comm_buffer& in, std::span<const std::int64_t> in_counts) {
     const auto element = static_cast<std::int64_t>(size_of(in.type));
     const std::int64_t sent =
         std::accumulate(in_counts.begin(), in_counts.end(), std::int64_t{0}) * element;
     const std::int64_t to_self = in_counts[rank()] * element;
     ledger_->record(axis_, comm_operation::all_to_all_v, sent, static_cast<double>(sent - to_self));
-    detail::with_typed_views<device>(in, out, [&](auto input, auto output) {
-      inner_.all_to_all_v(input, in_counts, output, out_counts);
-    });
   }
 
-  void do_exchange(std::span<const p2p_op> ops) {
+  void record_exchange(std::span<const p2p_op> ops) {
     for (const p2p_op& op : ops) {
       const auto bytes = static_cast<std::int64_t>(op.buffer.bytes());
       const bool is_send = op.direction == p2p_op::kind::send;
       ledger_->record(axis_, is_send ? comm_operation::send : comm_operation::recv, bytes,
                       static_cast<double>(bytes));
     }
-    inner_.exchange(ops);
   }
 
-  void do_barrier() {
-    ledger_->record(axis_, comm_operation::barrier, 0, 0);
-    inner_.barrier();
+  // In place when the buffers are one: calls call(inout) or call(input, output).
+  template <class Call>
+  decltype(auto) forward_all_reduce(const comm_buffer& in, const comm_buffer& out, Call call) {
+    if (in.data == out.data) return detail::with_typed_view<device, true>(out, call);
+    return detail::with_typed_views<device>(in, out, call);
   }
 
   Comm inner_;

@@ -1,6 +1,6 @@
 // mpi_comm: the communicator over an MPI communicator (Open MPI, launched with mpirun), with the
-// same semantics as thread_comm; mpi_session initialises MPI and turns a throwing rank into an
-// MPI_Abort of the job with the rank's message.
+// same semantics as thread_comm (asynchronous forms on MPI's non-blocking collectives);
+// mpi_session initialises MPI and turns a throwing rank into an MPI_Abort of the job.
 #pragma once
 
 #if !defined(QUINTET_WITH_MPI)
@@ -8,6 +8,7 @@
 #endif
 
 #include <quintet/comm/comm_error.hpp>
+#include <quintet/comm/comm_request.hpp>
 #include <quintet/comm/communicator.hpp>
 #include <quintet/core/bf16.hpp>
 #include <quintet/core/dtype.hpp>
@@ -23,6 +24,7 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <utility>
@@ -133,6 +135,147 @@ inline void divide_by(const comm_buffer& buffer, int divisor) {
   }
 }
 
+// Prints the rank and `message`, then ends the job: what a failing rank does under MPI, which
+// cannot unblock its peers any other way.
+[[noreturn]] inline void abort_mpi_job(const char* message) {
+  int world_rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  std::fprintf(stderr, "quintet: mpi rank %d failed: %s; aborting the job\n", world_rank, message);
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::abort();  // MPI_Abort does not return; this keeps [[noreturn]] honest
+}
+
+// all_to_all_v's int counts and offsets for MPI: send counts, send offsets, receive counts,
+// receive offsets, size entries each.
+inline std::vector<int> mpi_v_layout(std::span<const std::int64_t> in_counts,
+                                     std::span<const std::int64_t> out_counts) {
+  const std::size_t n = in_counts.size();
+  std::vector<int> layout(4 * n);
+  std::int64_t send_at = 0, recv_at = 0;
+  for (std::size_t j = 0; j < n; ++j) {
+    layout[j] = mpi_count(in_counts[j], "all_to_all_v");
+    layout[n + j] = mpi_count(send_at, "all_to_all_v");
+    layout[2 * n + j] = mpi_count(out_counts[j], "all_to_all_v");
+    layout[3 * n + j] = mpi_count(recv_at, "all_to_all_v");
+    send_at += in_counts[j];
+    recv_at += out_counts[j];
+  }
+  return layout;
+}
+
+// What the MPI_Waitall of an exchange reported: a receive that got fewer elements than it
+// expects, or more (MPI_ERR_TRUNCATE), is a comm_error naming both; any other failure is MPI's.
+inline void check_exchange(std::span<const p2p_op> ops, std::span<const MPI_Status> statuses,
+                           int status, int rank) {
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    const p2p_op& op = ops[i];
+    if (op.direction != p2p_op::kind::recv) continue;
+    const int error = status == MPI_ERR_IN_STATUS ? statuses[i].MPI_ERROR : MPI_SUCCESS;
+    int received = 0;
+    MPI_Get_count(&statuses[i], mpi_type_of(op.buffer.type), &received);
+    if (error == MPI_ERR_TRUNCATE || (error == MPI_SUCCESS && received != op.buffer.count)) {
+      throw comm_error(format_message(
+          "quintet: mpi_comm recv on rank {} from rank {} (tag {}): expects {} {} elements, "
+          "but {} were sent",
+          rank, op.peer, op.tag, op.buffer.count, name_of(op.buffer.type),
+          error == MPI_ERR_TRUNCATE ? std::string("more") : std::to_string(received)));
+    }
+  }
+  if (status != MPI_SUCCESS) raise_mpi_error(status, "MPI_Waitall");
+}
+
+// An mpi_comm operation in flight: its MPI requests, the buffers MPI reads and writes for it (fp32
+// copies of 16-bit data, an input copied because MPI forbids aliasing, all_to_all_v's counts),
+// and `finish`, what is left once MPI is done (rounding to 16 bits, average's division, checking
+// what arrived). It holds the operation issued before it on the same communicator, which
+// completes first. Used from the thread that issued it (MPI_THREAD_FUNNELED).
+class mpi_request_state final : public pending_operation {
+ public:
+  explicit mpi_request_state(std::shared_ptr<mpi_request_state> previous)
+      : previous_(std::move(previous)) {}
+
+  std::vector<MPI_Request> requests;
+  std::vector<float> wide, block;
+  std::vector<std::byte> copy;
+  std::vector<int> layout;
+  std::function<void(mpi_request_state&)> finish;  // none: only MPI's status is checked
+
+  // Starting the operation failed; wait() rethrows it once what did start is complete.
+  void fail(std::exception_ptr error) { error_ = std::move(error); }
+
+  std::span<const MPI_Status> statuses() const { return statuses_; }
+  int status() const { return status_; }
+  void check_status(const char* call) const {
+    if (status_ != MPI_SUCCESS) raise_mpi_error(status_, call);
+  }
+
+  void wait() override {
+    complete();
+    if (error_) std::rethrow_exception(error_);
+  }
+
+  bool ready() override {
+    for (mpi_request_state* op = this; op != nullptr && !op->completed_; op = op->previous_.get()) {
+      if (!op->test()) return false;
+    }
+    return true;
+  }
+
+  void abandon(const std::string& message) noexcept override { abort_mpi_job(message.c_str()); }
+
+  // Completes the operations issued before this one, oldest first, then this one. Their errors
+  // are kept for their own wait().
+  void complete() noexcept {
+    std::vector<mpi_request_state*> chain;
+    for (mpi_request_state* op = this; op != nullptr && !op->completed_; op = op->previous_.get()) {
+      chain.push_back(op);
+    }
+    for (auto op = chain.rbegin(); op != chain.rend(); ++op) (*op)->complete_own();
+  }
+
+ private:
+  // MPI_Testall; an error counts as done, and complete_own's MPI_Waitall reports it.
+  bool test() {
+    if (transferred_) return true;
+    statuses_.resize(requests.size());
+    int flag = 0;
+    const int status =
+        MPI_Testall(static_cast<int>(requests.size()), requests.data(), &flag, statuses_.data());
+    transferred_ = status == MPI_SUCCESS && flag != 0;
+    return transferred_ || status != MPI_SUCCESS;
+  }
+
+  void complete_own() noexcept {
+    if (!transferred_) {
+      statuses_.resize(requests.size());
+      status_ = MPI_Waitall(static_cast<int>(requests.size()), requests.data(), statuses_.data());
+      transferred_ = true;
+    }
+    if (!error_) {
+      try {
+        if (finish) {
+          finish(*this);
+        } else {
+          check_status("MPI_Wait");
+        }
+      } catch (...) {
+        error_ = std::current_exception();
+      }
+    }
+    finish = nullptr;
+    previous_.reset();
+    completed_ = true;
+  }
+
+  std::shared_ptr<mpi_request_state> previous_;
+  std::vector<MPI_Status> statuses_;
+  int status_ = MPI_SUCCESS;
+  bool transferred_ = false;  // MPI is done with the requests and the buffers
+  bool completed_ = false;    // and `finish` has run
+  std::exception_ptr error_;
+};
+
 }  // namespace detail
 
 class mpi_comm : public communicator_api<mpi_comm, host> {
@@ -165,6 +308,7 @@ class mpi_comm : public communicator_api<mpi_comm, host> {
 
   mpi_comm split(int color, int key) {
     QUINTET_CHECK(color >= 0, "mpi_comm::split: color {} is negative", color);
+    complete_pending();
     mpi_comm part{empty_tag{}};
     part.check_consistency_ = check_consistency_;
     QUINTET_MPI_CALL(MPI_Comm_split(comm_, color, key, &part.comm_));
@@ -189,6 +333,28 @@ class mpi_comm : public communicator_api<mpi_comm, host> {
     std::swap(rank_, other.rank_);
     std::swap(size_, other.size_);
     std::swap(check_consistency_, other.check_consistency_);
+    std::swap(last_, other.last_);
+  }
+
+  // Blocking calls first complete the operations issued before them (errors stay with those).
+  void complete_pending() {
+    if (!last_) return;
+    last_->complete();
+    last_.reset();
+  }
+
+  // Starts an asynchronous operation after the pending ones: `start(state)` posts it; an error
+  // it throws is kept for wait(), after whatever it did post has completed.
+  template <class Start>
+  comm_request start(Start start_operation) {
+    auto state = std::make_shared<detail::mpi_request_state>(std::move(last_));
+    try {
+      start_operation(*state);
+    } catch (...) {
+      state->fail(std::current_exception());
+    }
+    last_ = state;
+    return comm_request(std::move(state));
   }
 
   // Every rank shares (operation, type, count, root, reduction); all compare, so all raise the
@@ -217,6 +383,7 @@ class mpi_comm : public communicator_api<mpi_comm, host> {
   }
 
   void do_all_reduce(comm_buffer in, comm_buffer out, reduce_op op) {
+    complete_pending();
     agree("all_reduce", in.type, in.count, 0, op);
     const int count = detail::mpi_count(in.count, "all_reduce");
     if (detail::is_half_float(in.type)) {
@@ -235,7 +402,43 @@ class mpi_comm : public communicator_api<mpi_comm, host> {
     if (op == reduce_op::average) detail::divide_by(out, size_);
   }
 
+  comm_request do_all_reduce_async(comm_buffer in, comm_buffer out, reduce_op op) {
+    return start([&](detail::mpi_request_state& state) {
+      agree("all_reduce", in.type, in.count, 0, op);
+      const int count = detail::mpi_count(in.count, "all_reduce");
+      state.requests.assign(1, MPI_REQUEST_NULL);
+      const int n = size_;
+      if (detail::is_half_float(in.type)) {
+        state.wide = detail::widen(in);
+        QUINTET_MPI_CALL(MPI_Iallreduce(MPI_IN_PLACE, state.wide.data(), count, MPI_FLOAT,
+                                        detail::mpi_op_of(op), comm_, state.requests.data()));
+        state.finish = [out, op, n](detail::mpi_request_state& done) {
+          done.check_status("MPI_Iallreduce");
+          if (op == reduce_op::average) {
+            for (float& value : done.wide) value /= static_cast<float>(n);
+          }
+          detail::narrow(done.wide, out);
+        };
+        return;
+      }
+      const void* source = in.data == out.data ? MPI_IN_PLACE : in.data;
+      QUINTET_MPI_CALL(MPI_Iallreduce(source, out.data, count, detail::mpi_type_of(in.type),
+                                      detail::mpi_op_of(op), comm_, state.requests.data()));
+      if (op == reduce_op::average) state.finish = average_finish(out, "MPI_Iallreduce");
+    });
+  }
+
+  // Divides the sum MPI left in `out` by the rank count.
+  std::function<void(detail::mpi_request_state&)> average_finish(comm_buffer out,
+                                                                 const char* call) const {
+    return [out, call, n = size_](detail::mpi_request_state& done) {
+      done.check_status(call);
+      detail::divide_by(out, n);
+    };
+  }
+
   void do_reduce_scatter(comm_buffer in, comm_buffer out, reduce_op op) {
+    complete_pending();
     agree("reduce_scatter", in.type, in.count, 0, op);
     const int count = detail::mpi_count(out.count, "reduce_scatter");
     detail::mpi_count(in.count, "reduce_scatter");
@@ -263,7 +466,43 @@ class mpi_comm : public communicator_api<mpi_comm, host> {
     if (op == reduce_op::average) detail::divide_by(out, size_);
   }
 
+  comm_request do_reduce_scatter_async(comm_buffer in, comm_buffer out, reduce_op op) {
+    return start([&](detail::mpi_request_state& state) {
+      agree("reduce_scatter", in.type, in.count, 0, op);
+      const int count = detail::mpi_count(out.count, "reduce_scatter");
+      detail::mpi_count(in.count, "reduce_scatter");
+      state.requests.assign(1, MPI_REQUEST_NULL);
+      const int n = size_;
+      if (detail::is_half_float(in.type)) {
+        state.wide = detail::widen(in);
+        state.block.resize(static_cast<std::size_t>(out.count));
+        QUINTET_MPI_CALL(MPI_Ireduce_scatter_block(state.wide.data(), state.block.data(), count,
+                                                   MPI_FLOAT, detail::mpi_op_of(op), comm_,
+                                                   state.requests.data()));
+        state.finish = [out, op, n](detail::mpi_request_state& done) {
+          done.check_status("MPI_Ireduce_scatter_block");
+          if (op == reduce_op::average) {
+            for (float& value : done.block) value /= static_cast<float>(n);
+          }
+          detail::narrow(done.block, out);
+        };
+        return;
+      }
+      const void* source = in.data;
+      if (detail::buffers_overlap(in, out)) {
+        state.copy.assign(static_cast<const std::byte*>(in.data),
+                          static_cast<const std::byte*>(in.data) + in.bytes());
+        source = state.copy.data();
+      }
+      QUINTET_MPI_CALL(
+          MPI_Ireduce_scatter_block(source, out.data, count, detail::mpi_type_of(in.type),
+                                    detail::mpi_op_of(op), comm_, state.requests.data()));
+      if (op == reduce_op::average) state.finish = average_finish(out, "MPI_Ireduce_scatter_block");
+    });
+  }
+
   void do_all_gather(comm_buffer in, comm_buffer out) {
+    complete_pending();
     agree("all_gather", in.type, in.count);
     const int count = detail::mpi_count(in.count, "all_gather");
     detail::mpi_count(out.count, "all_gather");
@@ -283,13 +522,36 @@ class mpi_comm : public communicator_api<mpi_comm, host> {
     QUINTET_MPI_CALL(MPI_Allgather(source, count, type, out.data, count, type, comm_));
   }
 
+  comm_request do_all_gather_async(comm_buffer in, comm_buffer out) {
+    return start([&](detail::mpi_request_state& state) {
+      agree("all_gather", in.type, in.count);
+      const int count = detail::mpi_count(in.count, "all_gather");
+      detail::mpi_count(out.count, "all_gather");
+      state.requests.assign(1, MPI_REQUEST_NULL);
+      const MPI_Datatype type = detail::mpi_type_of(in.type);
+      const void* source = in.data;
+      const void* own_block = static_cast<const std::byte*>(out.data) + in.bytes() * rank_;
+      if (in.data == own_block) {
+        source = MPI_IN_PLACE;
+      } else if (detail::buffers_overlap(in, out)) {
+        state.copy.assign(static_cast<const std::byte*>(in.data),
+                          static_cast<const std::byte*>(in.data) + in.bytes());
+        source = state.copy.data();
+      }
+      QUINTET_MPI_CALL(MPI_Iallgather(source, source == MPI_IN_PLACE ? 0 : count, type, out.data,
+                                      count, type, comm_, state.requests.data()));
+    });
+  }
+
   void do_broadcast(comm_buffer inout, int root) {
+    complete_pending();
     agree("broadcast", inout.type, inout.count, root);
     QUINTET_MPI_CALL(MPI_Bcast(inout.data, detail::mpi_count(inout.count, "broadcast"),
                                detail::mpi_type_of(inout.type), root, comm_));
   }
 
   void do_all_to_all(comm_buffer in, comm_buffer out) {
+    complete_pending();
     agree("all_to_all", in.type, in.count);
     const int block = detail::mpi_count(in.count / size_, "all_to_all");
     detail::mpi_count(in.count, "all_to_all");
@@ -299,49 +561,81 @@ class mpi_comm : public communicator_api<mpi_comm, host> {
 
   void do_all_to_all_v(comm_buffer in, std::span<const std::int64_t> in_counts, comm_buffer out,
                        std::span<const std::int64_t> out_counts) {
-    agree("all_to_all_v", in.type, 0);
-    if (check_consistency_) {
-      std::vector<std::int64_t> announced(static_cast<std::size_t>(size_));
-      QUINTET_MPI_CALL(
-          MPI_Alltoall(in_counts.data(), 1, MPI_INT64_T, announced.data(), 1, MPI_INT64_T, comm_));
-      int first_bad = -1;
-      for (int j = 0; j < size_ && first_bad < 0; ++j) {
-        if (announced[j] != out_counts[j]) first_bad = j;
-      }
-      // Every rank learns whether any rank found a disagreement, so all raise together.
-      int bad_anywhere = first_bad >= 0 ? 1 : 0;
-      QUINTET_MPI_CALL(MPI_Allreduce(MPI_IN_PLACE, &bad_anywhere, 1, MPI_INT, MPI_MAX, comm_));
-      if (first_bad >= 0) {
-        throw comm_error(
-            detail::format_message("quintet: mpi_comm all_to_all_v: rank {} sends {} elements to "
-                                   "rank {}, which expects {}",
-                                   first_bad, announced[first_bad], rank_, out_counts[first_bad]));
-      }
-      if (bad_anywhere) {
-        throw comm_error(detail::format_message(
-            "quintet: mpi_comm all_to_all_v: the ranks' counts disagree (found by another rank "
-            "than {})",
-            rank_));
-      }
-    }
-    std::vector<int> send_counts(size_), send_offsets(size_), recv_counts(size_),
-        recv_offsets(size_);
-    std::int64_t send_at = 0, recv_at = 0;
-    for (int j = 0; j < size_; ++j) {
-      send_counts[j] = detail::mpi_count(in_counts[j], "all_to_all_v");
-      recv_counts[j] = detail::mpi_count(out_counts[j], "all_to_all_v");
-      send_offsets[j] = detail::mpi_count(send_at, "all_to_all_v");
-      recv_offsets[j] = detail::mpi_count(recv_at, "all_to_all_v");
-      send_at += in_counts[j];
-      recv_at += out_counts[j];
-    }
+    complete_pending();
+    agree_counts(in, in_counts, out_counts);
+    const std::vector<int> layout = detail::mpi_v_layout(in_counts, out_counts);
+    const int* const counts = layout.data();
     const MPI_Datatype type = detail::mpi_type_of(in.type);
-    QUINTET_MPI_CALL(MPI_Alltoallv(in.data, send_counts.data(), send_offsets.data(), type, out.data,
-                                   recv_counts.data(), recv_offsets.data(), type, comm_));
+    QUINTET_MPI_CALL(MPI_Alltoallv(in.data, counts, counts + size_, type, out.data,
+                                   counts + 2 * size_, counts + 3 * size_, type, comm_));
+  }
+
+  // MPI reads the counts and offsets until the operation completes: they live in the request.
+  comm_request do_all_to_all_v_async(comm_buffer in, std::span<const std::int64_t> in_counts,
+                                     comm_buffer out, std::span<const std::int64_t> out_counts) {
+    return start([&](detail::mpi_request_state& state) {
+      agree_counts(in, in_counts, out_counts);
+      state.layout = detail::mpi_v_layout(in_counts, out_counts);
+      state.requests.assign(1, MPI_REQUEST_NULL);
+      const int* const counts = state.layout.data();
+      const MPI_Datatype type = detail::mpi_type_of(in.type);
+      QUINTET_MPI_CALL(MPI_Ialltoallv(in.data, counts, counts + size_, type, out.data,
+                                      counts + 2 * size_, counts + 3 * size_, type, comm_,
+                                      state.requests.data()));
+    });
+  }
+
+  // With the consistency check, every rank learns whether the counts agree everywhere (one
+  // all-to-all and one all-reduce), so all raise together.
+  void agree_counts(const comm_buffer& in, std::span<const std::int64_t> in_counts,
+                    std::span<const std::int64_t> out_counts) {
+    agree("all_to_all_v", in.type, 0);
+    if (!check_consistency_) return;
+    std::vector<std::int64_t> announced(static_cast<std::size_t>(size_));
+    QUINTET_MPI_CALL(
+        MPI_Alltoall(in_counts.data(), 1, MPI_INT64_T, announced.data(), 1, MPI_INT64_T, comm_));
+    int first_bad = -1;
+    for (int j = 0; j < size_ && first_bad < 0; ++j) {
+      if (announced[j] != out_counts[j]) first_bad = j;
+    }
+    int bad_anywhere = first_bad >= 0 ? 1 : 0;
+    QUINTET_MPI_CALL(MPI_Allreduce(MPI_IN_PLACE, &bad_anywhere, 1, MPI_INT, MPI_MAX, comm_));
+    if (first_bad >= 0) {
+      throw comm_error(
+          detail::format_message("quintet: mpi_comm all_to_all_v: rank {} sends {} elements to "
+                                 "rank {}, which expects {}",
+                                 first_bad, announced[first_bad], rank_, out_counts[first_bad]));
+    }
+    if (bad_anywhere) {
+      throw comm_error(detail::format_message(
+          "quintet: mpi_comm all_to_all_v: the ranks' counts disagree (found by another rank "
+          "than {})",
+          rank_));
+    }
   }
 
   void do_exchange(std::span<const p2p_op> ops) {
+    complete_pending();
     std::vector<MPI_Request> requests(ops.size(), MPI_REQUEST_NULL);
+    post_exchange(ops, requests.data());
+    std::vector<MPI_Status> statuses(ops.size());
+    const int status =
+        MPI_Waitall(static_cast<int>(requests.size()), requests.data(), statuses.data());
+    detail::check_exchange(ops, statuses, status, rank_);
+  }
+
+  comm_request do_exchange_async(std::span<const p2p_op> ops) {
+    return start([&](detail::mpi_request_state& state) {
+      state.requests.assign(ops.size(), MPI_REQUEST_NULL);
+      post_exchange(ops, state.requests.data());
+      state.finish = [batch = std::vector<p2p_op>(ops.begin(), ops.end()),
+                      rank = rank_](detail::mpi_request_state& done) {
+        detail::check_exchange(batch, done.statuses(), done.status(), rank);
+      };
+    });
+  }
+
+  void post_exchange(std::span<const p2p_op> ops, MPI_Request* requests) {
     for (std::size_t i = 0; i < ops.size(); ++i) {
       const p2p_op& op = ops[i];
       const int count = detail::mpi_count(op.buffer.count, "exchange");
@@ -354,27 +648,10 @@ class mpi_comm : public communicator_api<mpi_comm, host> {
             MPI_Irecv(op.buffer.data, count, type, op.peer, op.tag, comm_, &requests[i]));
       }
     }
-    std::vector<MPI_Status> statuses(ops.size());
-    const int status =
-        MPI_Waitall(static_cast<int>(requests.size()), requests.data(), statuses.data());
-    for (std::size_t i = 0; i < ops.size(); ++i) {
-      const p2p_op& op = ops[i];
-      if (op.direction != p2p_op::kind::recv) continue;
-      const int error = status == MPI_ERR_IN_STATUS ? statuses[i].MPI_ERROR : MPI_SUCCESS;
-      int received = 0;
-      MPI_Get_count(&statuses[i], detail::mpi_type_of(op.buffer.type), &received);
-      if (error == MPI_ERR_TRUNCATE || (error == MPI_SUCCESS && received != op.buffer.count)) {
-        throw comm_error(detail::format_message(
-            "quintet: mpi_comm recv on rank {} from rank {} (tag {}): expects {} {} elements, "
-            "but {} were sent",
-            rank_, op.peer, op.tag, op.buffer.count, name_of(op.buffer.type),
-            error == MPI_ERR_TRUNCATE ? std::string("more") : std::to_string(received)));
-      }
-    }
-    if (status != MPI_SUCCESS) detail::raise_mpi_error(status, "MPI_Waitall");
   }
 
   void do_barrier() {
+    complete_pending();
     agree("barrier", dtype::f32, 0);
     QUINTET_MPI_CALL(MPI_Barrier(comm_));
   }
@@ -383,6 +660,9 @@ class mpi_comm : public communicator_api<mpi_comm, host> {
   int rank_ = 0;
   int size_ = 1;
   bool check_consistency_ = false;
+  // The operation issued last, unless a blocking call has completed it since. Each holds the one
+  // before it, so completing it completes everything issued on this communicator.
+  std::shared_ptr<detail::mpi_request_state> last_;
 };
 
 // mpi_session: initialises MPI (unless the program already did) and finalises what it
@@ -410,27 +690,17 @@ class mpi_session {
 
   template <class Fn>
   void run(Fn&& fn, bool check_consistency = QUINTET_MPI_CHECK_CONSISTENCY != 0) {
-    int world_rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
     try {
       mpi_comm world(MPI_COMM_WORLD, check_consistency);
       fn(world);
     } catch (const std::exception& failure) {
-      abort_job(world_rank, failure.what());
+      detail::abort_mpi_job(failure.what());
     } catch (...) {
-      abort_job(world_rank, "an exception not derived from std::exception");
+      detail::abort_mpi_job("an exception not derived from std::exception");
     }
   }
 
  private:
-  [[noreturn]] static void abort_job(int world_rank, const char* message) {
-    std::fprintf(stderr, "quintet: mpi rank %d failed: %s; aborting the job\n", world_rank,
-                 message);
-    std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 1);
-    std::abort();  // MPI_Abort does not return; this keeps [[noreturn]] honest
-  }
-
   bool owns_ = false;
 };
 

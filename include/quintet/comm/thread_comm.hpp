@@ -1,10 +1,13 @@
 // thread_comm: N ranks as threads of one process, launched by thread_world{n}.run(fn). Collectives
 // read and write peers' buffers directly through shared memory; waiting ranks yield their core.
+// Blocking calls run on the caller's thread, asynchronous ones on the communicator's own thread.
 #pragma once
 
 #include <quintet/comm/comm_error.hpp>
+#include <quintet/comm/comm_request.hpp>
 #include <quintet/comm/communicator.hpp>
 #include <quintet/comm/host_reduce.hpp>
+#include <quintet/comm/progress_thread.hpp>
 #include <quintet/core/error.hpp>
 #include <quintet/tensor/device.hpp>
 
@@ -186,8 +189,16 @@ class thread_comm : public communicator_api<thread_comm, host> {
  public:
   thread_comm(std::shared_ptr<detail::thread_group_state> group, int rank)
       : group_(std::move(group)), rank_(rank) {}
-  thread_comm(thread_comm&&) noexcept = default;
-  thread_comm& operator=(thread_comm&&) noexcept = default;
+  // The progress thread works on the object it was started for: a moved-from communicator first
+  // runs its pending operations and stops it; the moved-to one starts its own when needed.
+  thread_comm(thread_comm&& other) noexcept { take(other); }
+  thread_comm& operator=(thread_comm&& other) noexcept {
+    if (this != &other) {
+      progress_.reset();
+      take(other);
+    }
+    return *this;
+  }
   // A copy would share the collective counter's history, not its future: ranks would diverge.
   thread_comm(const thread_comm&) = delete;
   thread_comm& operator=(const thread_comm&) = delete;
@@ -200,6 +211,7 @@ class thread_comm : public communicator_api<thread_comm, host> {
   // (key, rank). Colors must be non-negative.
   thread_comm split(int color, int key) {
     QUINTET_CHECK(color >= 0, "thread_comm::split: color {} is negative", color);
+    complete_pending();
     detail::collective_entry entry;
     entry.op = detail::thread_collective::split;
     entry.count = color;
@@ -232,12 +244,84 @@ class thread_comm : public communicator_api<thread_comm, host> {
   friend class communicator_api<thread_comm, host>;
 
   void do_barrier() {
+    complete_pending();
     detail::collective_entry entry;
     entry.op = detail::thread_collective::barrier;
     enter(entry);
   }
 
   void do_all_reduce(comm_buffer in, comm_buffer out, reduce_op op) {
+    complete_pending();
+    run_all_reduce(in, out, op);
+  }
+  comm_request do_all_reduce_async(comm_buffer in, comm_buffer out, reduce_op op) {
+    return submit([this, in, out, op] { run_all_reduce(in, out, op); });
+  }
+
+  void do_reduce_scatter(comm_buffer in, comm_buffer out, reduce_op op) {
+    complete_pending();
+    run_reduce_scatter(in, out, op);
+  }
+  comm_request do_reduce_scatter_async(comm_buffer in, comm_buffer out, reduce_op op) {
+    return submit([this, in, out, op] { run_reduce_scatter(in, out, op); });
+  }
+
+  void do_all_gather(comm_buffer in, comm_buffer out) {
+    complete_pending();
+    run_all_gather(in, out);
+  }
+  comm_request do_all_gather_async(comm_buffer in, comm_buffer out) {
+    return submit([this, in, out] { run_all_gather(in, out); });
+  }
+
+  void do_all_to_all_v(comm_buffer in, std::span<const std::int64_t> in_counts, comm_buffer out,
+                       std::span<const std::int64_t> out_counts) {
+    complete_pending();
+    run_all_to_all_v(in, in_counts, out, out_counts);
+  }
+  // The counts are copied: the peers read them from this rank's entry while the operation runs.
+  comm_request do_all_to_all_v_async(comm_buffer in, std::span<const std::int64_t> in_counts,
+                                     comm_buffer out, std::span<const std::int64_t> out_counts) {
+    return submit([this, in, out,
+                   sent = std::vector<std::int64_t>(in_counts.begin(), in_counts.end()),
+                   expected = std::vector<std::int64_t>(out_counts.begin(), out_counts.end())] {
+      run_all_to_all_v(in, sent, out, expected);
+    });
+  }
+
+  void do_exchange(std::span<const p2p_op> ops) {
+    complete_pending();
+    run_exchange(ops);
+  }
+  comm_request do_exchange_async(std::span<const p2p_op> ops) {
+    return submit(
+        [this, batch = std::vector<p2p_op>(ops.begin(), ops.end())] { run_exchange(batch); });
+  }
+
+  // The first asynchronous operation starts the progress thread.
+  template <class Body>
+  comm_request submit(Body body) {
+    if (!progress_) progress_ = std::make_unique<detail::progress_thread>();
+    return comm_request(progress_->submit(
+        std::move(body), [world = group_->world, rank = world_rank()](const std::string& message) {
+          world->abort(rank, message);
+        }));
+  }
+
+  // Blocking calls run inline once the operations issued before them have run.
+  void complete_pending() {
+    if (progress_) progress_->drain();
+  }
+
+  void take(thread_comm& other) noexcept {
+    other.progress_.reset();
+    group_ = std::move(other.group_);
+    rank_ = other.rank_;
+    sequence_ = other.sequence_;
+    entered_parity_ = other.entered_parity_;
+  }
+
+  void run_all_reduce(comm_buffer in, comm_buffer out, reduce_op op) {
     const int n = size();
     detail::collective_entry entry = make_entry(detail::thread_collective::all_reduce, in, out);
     entry.reduction = op;
@@ -278,7 +362,7 @@ class thread_comm : public communicator_api<thread_comm, host> {
     arrive_and_wait("all_reduce");
   }
 
-  void do_reduce_scatter(comm_buffer in, comm_buffer out, reduce_op op) {
+  void run_reduce_scatter(comm_buffer in, comm_buffer out, reduce_op op) {
     const int n = size();
     detail::collective_entry entry = make_entry(detail::thread_collective::reduce_scatter, in, out);
     entry.reduction = op;
@@ -296,7 +380,7 @@ class thread_comm : public communicator_api<thread_comm, host> {
     arrive_and_wait("reduce_scatter");
   }
 
-  void do_all_gather(comm_buffer in, comm_buffer out) {
+  void run_all_gather(comm_buffer in, comm_buffer out) {
     enter(make_entry(detail::thread_collective::all_gather, in, out));
     const std::size_t block = in.bytes();
     for (int j = 0; j < size(); ++j) {
@@ -307,6 +391,7 @@ class thread_comm : public communicator_api<thread_comm, host> {
   }
 
   void do_broadcast(comm_buffer inout, int root) {
+    complete_pending();
     detail::collective_entry entry = make_entry(detail::thread_collective::broadcast, inout, inout);
     entry.root = root;
     enter(entry);
@@ -315,6 +400,7 @@ class thread_comm : public communicator_api<thread_comm, host> {
   }
 
   void do_all_to_all(comm_buffer in, comm_buffer out) {
+    complete_pending();
     enter(make_entry(detail::thread_collective::all_to_all, in, out));
     const std::size_t block = in.bytes() / size();
     for (int j = 0; j < size(); ++j) {
@@ -325,8 +411,8 @@ class thread_comm : public communicator_api<thread_comm, host> {
     arrive_and_wait("all_to_all");
   }
 
-  void do_all_to_all_v(comm_buffer in, std::span<const std::int64_t> in_counts, comm_buffer out,
-                       std::span<const std::int64_t> out_counts) {
+  void run_all_to_all_v(comm_buffer in, std::span<const std::int64_t> in_counts, comm_buffer out,
+                        std::span<const std::int64_t> out_counts) {
     const int n = size();
     detail::collective_entry entry = make_entry(detail::thread_collective::all_to_all_v, in, out);
     entry.count = 0;  // the buffers may differ in size; the per-peer counts are compared instead
@@ -367,7 +453,7 @@ class thread_comm : public communicator_api<thread_comm, host> {
 
   // Sends are posted to the receivers' mailboxes first, then receives are served in order, then
   // the sends are awaited: a batch never waits on itself. The receiver copies (rendezvous).
-  void do_exchange(std::span<const p2p_op> ops) {
+  void run_exchange(std::span<const p2p_op> ops) {
     auto& world = *group_->world;
     if (world.aborted.load(std::memory_order_acquire)) world.raise_aborted(world_rank());
     std::vector<std::unique_ptr<detail::posted_send>> sends;
@@ -595,6 +681,9 @@ class thread_comm : public communicator_api<thread_comm, host> {
   int rank_ = 0;
   std::uint64_t sequence_ = 0;  // collectives entered on this communicator
   std::uint64_t entered_parity_ = 0;
+  // Started by the first asynchronous operation; it works on this object's members above. Last,
+  // so that on destruction it runs what is pending (peers take part) while those still exist.
+  std::unique_ptr<detail::progress_thread> progress_;
 };
 
 // thread_world{n}.run(fn): runs fn(thread_comm&) on n ranks, each a thread (rank 0 is the calling

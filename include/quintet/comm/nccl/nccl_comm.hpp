@@ -1,6 +1,7 @@
 // nccl_comm: the communicator on CUDA tensors over NCCL. Its unique id is broadcast over MPI;
 // every operation runs on the communicator's own stream, ordered after the tensor's stream by an
-// event and before the tensor's later work by another; exchange() is one NCCL group.
+// event and before the tensor's later work by another (for an asynchronous one, from wait() on);
+// exchange() is one NCCL group.
 #pragma once
 
 #if !defined(QUINTET_WITH_NCCL) || !defined(QUINTET_WITH_CUDA) || !defined(QUINTET_WITH_MPI)
@@ -8,6 +9,7 @@
 #endif
 
 #include <quintet/comm/comm_error.hpp>
+#include <quintet/comm/comm_request.hpp>
 #include <quintet/comm/communicator.hpp>
 #include <quintet/comm/mpi_comm.hpp>
 #include <quintet/tensor/cuda_memory.hpp>
@@ -16,10 +18,14 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <exception>
+#include <memory>
 #include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 #define QUINTET_NCCL_CALL(call)                                                       \
   do {                                                                                \
@@ -65,6 +71,37 @@ inline ncclRedOp_t nccl_op_of(reduce_op op) {
   }
   return ncclSum;
 }
+
+// An nccl_comm operation in flight: `done`, recorded on the communicator's stream after it, and
+// the tensors' streams, which wait() makes wait for `done` (the host never blocks).
+class nccl_request_state final : public pending_operation {
+ public:
+  nccl_request_state() = default;
+  ~nccl_request_state() override {
+    if (done != nullptr) cudaEventDestroy(done);  // CUDA releases it once it has completed
+  }
+
+  cudaEvent_t done = nullptr;
+  std::vector<cudaStream_t> user_streams;
+
+  // Enqueueing failed; wait() rethrows it.
+  void fail(std::exception_ptr error) { error_ = std::move(error); }
+
+  void wait() override {
+    if (error_) std::rethrow_exception(error_);
+    for (const cudaStream_t stream : user_streams) {
+      QUINTET_CUDA_CHECK(cudaStreamWaitEvent(stream, done, 0));
+    }
+  }
+
+  // Whether the communicator's stream has passed the operation.
+  bool ready() override { return done == nullptr || cudaEventQuery(done) != cudaErrorNotReady; }
+
+  void abandon(const std::string& message) noexcept override { abort_mpi_job(message.c_str()); }
+
+ private:
+  std::exception_ptr error_;
+};
 
 }  // namespace detail
 
@@ -157,27 +194,80 @@ class nccl_comm : public communicator_api<nccl_comm, cuda> {
     QUINTET_CUDA_CHECK(cudaStreamWaitEvent(user_stream, done_, 0));
   }
 
-  void do_all_reduce(comm_buffer in, comm_buffer out, reduce_op op) {
-    ordered(out.stream, [&](cudaStream_t stream) {
+  // The asynchronous form: `enqueue(stream)` runs on the comm stream after the work queued on
+  // every one of `user` (the tensors' streams), which run on meanwhile; the request's own event
+  // marks its end, and wait() makes them wait for it. An error is kept for wait().
+  template <class Enqueue>
+  comm_request ordered_async(std::vector<cudaStream_t> user, Enqueue enqueue) {
+    auto state = std::make_shared<detail::nccl_request_state>();
+    try {
+      for (const cudaStream_t user_stream : user) {
+        QUINTET_CUDA_CHECK(cudaEventRecord(ready_, user_stream));
+        QUINTET_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
+      }
+      enqueue(stream_);
+      QUINTET_CUDA_CHECK(cudaEventCreateWithFlags(&state->done, cudaEventDisableTiming));
+      QUINTET_CUDA_CHECK(cudaEventRecord(state->done, stream_));
+      state->user_streams = std::move(user);
+    } catch (...) {
+      state->fail(std::current_exception());
+    }
+    return comm_request(std::move(state));
+  }
+
+  static void add_stream(std::vector<cudaStream_t>& streams, void* handle) {
+    const auto stream = static_cast<cudaStream_t>(handle);
+    if (std::find(streams.begin(), streams.end(), stream) == streams.end()) {
+      streams.push_back(stream);
+    }
+  }
+
+  static std::vector<cudaStream_t> streams_of(const comm_buffer& in, const comm_buffer& out) {
+    std::vector<cudaStream_t> streams;
+    add_stream(streams, in.stream);
+    add_stream(streams, out.stream);
+    return streams;
+  }
+
+  auto all_reduce_call(comm_buffer in, comm_buffer out, reduce_op op) {
+    return [this, in, out, op](cudaStream_t stream) {
       QUINTET_NCCL_CALL(ncclAllReduce(in.data, out.data, static_cast<std::size_t>(in.count),
                                       detail::nccl_type_of(in.type), detail::nccl_op_of(op), comm_,
                                       stream));
-    });
+    };
+  }
+  void do_all_reduce(comm_buffer in, comm_buffer out, reduce_op op) {
+    ordered(out.stream, all_reduce_call(in, out, op));
+  }
+  comm_request do_all_reduce_async(comm_buffer in, comm_buffer out, reduce_op op) {
+    return ordered_async(streams_of(in, out), all_reduce_call(in, out, op));
   }
 
-  void do_reduce_scatter(comm_buffer in, comm_buffer out, reduce_op op) {
-    ordered(out.stream, [&](cudaStream_t stream) {
+  auto reduce_scatter_call(comm_buffer in, comm_buffer out, reduce_op op) {
+    return [this, in, out, op](cudaStream_t stream) {
       QUINTET_NCCL_CALL(ncclReduceScatter(in.data, out.data, static_cast<std::size_t>(out.count),
                                           detail::nccl_type_of(in.type), detail::nccl_op_of(op),
                                           comm_, stream));
-    });
+    };
+  }
+  void do_reduce_scatter(comm_buffer in, comm_buffer out, reduce_op op) {
+    ordered(out.stream, reduce_scatter_call(in, out, op));
+  }
+  comm_request do_reduce_scatter_async(comm_buffer in, comm_buffer out, reduce_op op) {
+    return ordered_async(streams_of(in, out), reduce_scatter_call(in, out, op));
   }
 
-  void do_all_gather(comm_buffer in, comm_buffer out) {
-    ordered(out.stream, [&](cudaStream_t stream) {
+  auto all_gather_call(comm_buffer in, comm_buffer out) {
+    return [this, in, out](cudaStream_t stream) {
       QUINTET_NCCL_CALL(ncclAllGather(in.data, out.data, static_cast<std::size_t>(in.count),
                                       detail::nccl_type_of(in.type), comm_, stream));
-    });
+    };
+  }
+  void do_all_gather(comm_buffer in, comm_buffer out) {
+    ordered(out.stream, all_gather_call(in, out));
+  }
+  comm_request do_all_gather_async(comm_buffer in, comm_buffer out) {
+    return ordered_async(streams_of(in, out), all_gather_call(in, out));
   }
 
   void do_broadcast(comm_buffer inout, int root) {
@@ -203,10 +293,11 @@ class nccl_comm : public communicator_api<nccl_comm, cuda> {
     });
   }
 
-  void do_all_to_all_v(comm_buffer in, std::span<const std::int64_t> in_counts, comm_buffer out,
-                       std::span<const std::int64_t> out_counts) {
-    const std::size_t element = size_of(in.type);
-    ordered(out.stream, [&](cudaStream_t stream) {
+  // The counts are read while the call is enqueued, not later.
+  auto all_to_all_v_call(comm_buffer in, std::span<const std::int64_t> in_counts, comm_buffer out,
+                         std::span<const std::int64_t> out_counts) {
+    return [this, in, in_counts, out, out_counts](cudaStream_t stream) {
+      const std::size_t element = size_of(in.type);
       std::size_t send_at = 0, recv_at = 0;
       QUINTET_NCCL_CALL(ncclGroupStart());
       for (int peer = 0; peer < size(); ++peer) {
@@ -220,13 +311,20 @@ class nccl_comm : public communicator_api<nccl_comm, cuda> {
         recv_at += recv_bytes;
       }
       QUINTET_NCCL_CALL(ncclGroupEnd());
-    });
+    };
+  }
+  void do_all_to_all_v(comm_buffer in, std::span<const std::int64_t> in_counts, comm_buffer out,
+                       std::span<const std::int64_t> out_counts) {
+    ordered(out.stream, all_to_all_v_call(in, in_counts, out, out_counts));
+  }
+  comm_request do_all_to_all_v_async(comm_buffer in, std::span<const std::int64_t> in_counts,
+                                     comm_buffer out, std::span<const std::int64_t> out_counts) {
+    return ordered_async(streams_of(in, out), all_to_all_v_call(in, in_counts, out, out_counts));
   }
 
   // One NCCL group. NCCL has no tags: sends and receives between two ranks match in order.
-  void do_exchange(std::span<const p2p_op> ops) {
-    if (ops.empty()) return;
-    ordered(ops.front().buffer.stream, [&](cudaStream_t stream) {
+  auto exchange_call(std::span<const p2p_op> ops) {
+    return [this, ops](cudaStream_t stream) {
       QUINTET_NCCL_CALL(ncclGroupStart());
       for (const p2p_op& op : ops) {
         if (op.direction == p2p_op::kind::send) {
@@ -238,7 +336,18 @@ class nccl_comm : public communicator_api<nccl_comm, cuda> {
         }
       }
       QUINTET_NCCL_CALL(ncclGroupEnd());
-    });
+    };
+  }
+  void do_exchange(std::span<const p2p_op> ops) {
+    if (ops.empty()) return;
+    ordered(ops.front().buffer.stream, exchange_call(ops));
+  }
+  // Ordered after, and waited by, the streams of every buffer in the batch.
+  comm_request do_exchange_async(std::span<const p2p_op> ops) {
+    if (ops.empty()) return comm_request();
+    std::vector<cudaStream_t> streams;
+    for (const p2p_op& op : ops) add_stream(streams, op.buffer.stream);
+    return ordered_async(std::move(streams), exchange_call(ops));
   }
 
   // A one-element all-reduce, waited for on the host.

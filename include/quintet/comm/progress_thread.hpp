@@ -1,0 +1,129 @@
+// detail::progress_thread: one worker thread that runs a communicator's asynchronous operations
+// one at a time, in the order they were submitted, while the issuing thread computes (the
+// asynchronous path of thread_comm).
+#pragma once
+
+#include <quintet/comm/comm_request.hpp>
+
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+
+namespace quintet::detail {
+
+// One submitted operation: `body` runs on the worker; its exception is kept for wait().
+class queued_operation final : public pending_operation {
+ public:
+  queued_operation(std::function<void()> body, std::function<void(const std::string&)> on_abandon)
+      : body_(std::move(body)), on_abandon_(std::move(on_abandon)) {}
+
+  // Rethrows the error once (comm_request waits once). The exception is taken out, so that it is
+  // thrown and freed on the waiting thread alone: the worker never touches it again.
+  void wait() override {
+    std::exception_ptr error;
+    {
+      std::unique_lock lock(mutex_);
+      finished_changed_.wait(lock, [&] { return finished_; });
+      error = std::move(error_);
+    }
+    if (error) std::rethrow_exception(error);
+  }
+
+  bool ready() override {
+    const std::lock_guard lock(mutex_);
+    return finished_;
+  }
+
+  void abandon(const std::string& message) noexcept override { on_abandon_(message); }
+
+  // On the worker.
+  void run() noexcept {
+    std::exception_ptr error;
+    try {
+      body_();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    body_ = nullptr;  // what it captured is not needed any more
+    {
+      const std::lock_guard lock(mutex_);
+      error_ = std::move(error);
+      finished_ = true;
+    }
+    finished_changed_.notify_all();
+  }
+
+ private:
+  std::function<void()> body_;
+  std::function<void(const std::string&)> on_abandon_;
+  std::mutex mutex_;
+  std::condition_variable finished_changed_;
+  bool finished_ = false;  // guarded by mutex_, as is error_
+  std::exception_ptr error_;
+};
+
+class progress_thread {
+ public:
+  progress_thread() = default;
+  progress_thread(const progress_thread&) = delete;
+  progress_thread& operator=(const progress_thread&) = delete;
+  // Runs what is still queued (peers expect it), then joins the worker.
+  ~progress_thread() {
+    {
+      const std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    queue_changed_.notify_one();
+    worker_.join();
+  }
+
+  // Queues `body`; `on_abandon` is what a failure nobody waited for does (comm_request).
+  std::shared_ptr<pending_operation> submit(std::function<void()> body,
+                                            std::function<void(const std::string&)> on_abandon) {
+    auto operation = std::make_shared<queued_operation>(std::move(body), std::move(on_abandon));
+    {
+      const std::lock_guard lock(mutex_);
+      queue_.push_back(operation);
+      ++unfinished_;
+    }
+    queue_changed_.notify_one();
+    return operation;
+  }
+
+  // Returns once every submitted operation has run.
+  void drain() {
+    std::unique_lock lock(mutex_);
+    all_finished_.wait(lock, [&] { return unfinished_ == 0; });
+  }
+
+ private:
+  void serve() {
+    std::unique_lock lock(mutex_);
+    while (true) {
+      queue_changed_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, and nothing left to run
+      const std::shared_ptr<queued_operation> operation = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      operation->run();
+      lock.lock();
+      if (--unfinished_ == 0) all_finished_.notify_all();
+    }
+  }
+
+  std::mutex mutex_;  // guards the queue, the count and the flag below
+  std::condition_variable queue_changed_;
+  std::condition_variable all_finished_;
+  std::deque<std::shared_ptr<queued_operation>> queue_;
+  int unfinished_ = 0;  // queued or running
+  bool stopping_ = false;
+  std::thread worker_{[this] { serve(); }};  // last: starts once the members above exist
+};
+
+}  // namespace quintet::detail
