@@ -16,6 +16,7 @@
 #include <quintet/mesh/device_mesh.hpp>
 #include <quintet/parallel/plan.hpp>
 #include <quintet/train/json_writer.hpp>
+#include <quintet/train/parity.hpp>
 #include <quintet/train/trainer.hpp>
 
 #if defined(QUINTET_WITH_MPI)
@@ -51,6 +52,8 @@ struct program_options {
   int sp = 1;                     // sequence-parallel degree (the sp axis: ulysses, ring)
   std::string sp_style = "none";  // none, megatron (on the tp group), ulysses, ring
   bool mpi = false;               // the ranks are mpirun's processes
+  bool check_parity = false;      // compare the plan with the serial model instead of training
+  std::int64_t parity_steps = 5;
 };
 
 // The loss the summary reports: the mean over the last tenth of the run (at least one step), so
@@ -221,6 +224,35 @@ void run_parallel_rank(const Source& source, const program_options& options, Com
   });
 }
 
+// --check-parity: the chosen plan on thread ranks against the serial model, --parity-steps steps
+// on the same batches; prints the library's report and fails when a difference exceeds its
+// tolerance. The loss must agree to 1e-5 relative: that is the sharp test (a missing or doubled
+// reduction shows there within a step or two). Parameters get an absolute margin of
+// 0.05 lr x steps: AdamW's first steps are sign descent (m / sqrt(v) = sign(g) at step 1), so an
+// element whose gradient is rounding noise (zero in exact arithmetic, as the key bias's is: softmax
+// ignores a shift of a query's scores) moves by +-lr in either run, whichever way the noise of its
+// order of summation points. Seen at the default lr 1e-2: 2e-4 after 3 warm-up steps, 7e-5 after
+// 5 (tp 2 x sp 2, Ulysses).
+template <class Source>
+int check_parity(const Source& source, const program_options& options) {
+  QUINTET_CHECK(!options.mpi,
+                "--check-parity runs the plan on thread ranks of one process: start it without "
+                "mpirun");
+  quintet::train::training_options training = options.training;
+  training.steps = options.parity_steps;
+  training.warmup_steps = std::min(training.warmup_steps, training.steps);
+  const quintet::train::parity_tolerance tolerance{
+      .parameter_absolute = 0.05 * training.lr * static_cast<double>(training.steps)};
+  bool passed = false;
+  with_plan(options.sp_style, [&]<class Plan>(plan_type<Plan>) {
+    const auto report = quintet::train::check_parity<float, Plan>(
+        source, options.model, training, {.tp = options.tp, .sp = options.sp}, tolerance);
+    fmt::print("{}", report.summary());
+    passed = report.passed;
+  });
+  return passed ? 0 : 1;
+}
+
 // The degrees against each other and the world, with the reason when they do not fit.
 void check_parallel_options(const program_options& options) {
   QUINTET_CHECK(options.world >= 1 && options.tp >= 1 && options.sp >= 1,
@@ -249,6 +281,7 @@ int train(const Source& source, program_options options) {
   options.model.vocab = source.vocab_size();
   options.model.max_seq = options.training.seq;
   check_parallel_options(options);
+  if (options.check_parity) return check_parity(source, options);
 #if defined(QUINTET_WITH_MPI)
   if (options.mpi) {
     // The world is mpirun's: a rank that throws takes the job down, naming itself.
@@ -334,6 +367,13 @@ int main(int argc, char** argv) {
                  "host threads per rank for the matrix products (0: every core when serial, "
                  "1 per rank when parallel)")
       ->capture_default_str();
+  app.add_flag("--check-parity", options.check_parity,
+               "instead of training, run the chosen plan on thread ranks against the serial model "
+               "for --parity-steps steps and report every difference (exit 1 when outside the "
+               "tolerance)");
+  app.add_option("--parity-steps", options.parity_steps, "steps of --check-parity")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
 
   bool printer = true;

@@ -1,6 +1,6 @@
-// The GPT parity machinery shared by the thread and MPI parity tests: the configuration, one
-// training step on a global batch, a serial run, one rank's run of any plan over any
-// communicator, and the comparison of a rank's shards with the serial parameters.
+// The GPT parity setup shared by the thread and MPI parity tests: the configuration and data, and
+// the library's parity runs (train/parity.hpp: the trainer's loop, serial or one rank of a plan
+// over any communicator) and its comparison of a rank's shards with the serial parameters.
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -8,17 +8,10 @@
 #include <quintet/data/markov_source.hpp>
 #include <quintet/mesh/device_mesh.hpp>
 #include <quintet/nn/gpt.hpp>
-#include <quintet/optim/adamw.hpp>
-#include <quintet/optim/gradient_norm.hpp>
-#include <quintet/parallel/gradient_norm.hpp>
-#include <quintet/parallel/placement.hpp>
 #include <quintet/parallel/plan.hpp>
-#include <quintet/parallel/synchronize_gradients.hpp>
-#include <quintet/tensor/copy.hpp>
-#include <quintet/tensor/slice.hpp>
+#include <quintet/train/parity.hpp>
 
-#include <algorithm>
-#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,7 +33,6 @@ inline constexpr double lr = 1e-3;
 inline const quintet::nn::gpt_config config{
     .vocab = 10, .max_seq = 8, .layers = 2, .d_model = 16, .heads = 8, .mlp_hidden = 32};
 inline const quintet::markov_source source({.vocab = 10, .order = 1, .successors = 3, .seed = 21});
-inline const quintet::kernels::adamw_hyperparameters adamw_settings{.lr = lr, .weight_decay = 0.1};
 
 // What a parity run trains: the model, and whether some targets are padding (ignore_index), so
 // some rows, and under sequence parallelism some ranks' rows, count nothing.
@@ -49,76 +41,58 @@ struct parity_setup {
   bool ignore_some_targets = false;
 };
 
-struct run_result {
-  std::vector<double> losses;
-  std::map<std::string, quintet::tensor<float, host>> parameters;  // this rank's parts
-  std::map<std::string, quintet::region> regions;
+// The source's batches with sequence 0 all padding after position 1 and every fifth target
+// elsewhere (by global row, so every micro-batch split masks the same targets).
+struct masked_source {
+  const quintet::markov_source* inner = &source;
+
+  std::int64_t vocab_size() const { return inner->vocab_size(); }
+  std::optional<double> entropy_floor(std::int64_t) const { return std::nullopt; }
+  quintet::token_batch batch(std::int64_t step, quintet::row_range rows, std::int64_t seq) const {
+    auto batch = inner->batch(step, rows, seq);
+    for (std::int64_t b = 0; b < rows.size(); ++b)
+      for (std::int64_t t = 0; t < seq; ++t) {
+        const std::int64_t row = rows.begin + b;
+        if ((row == 0 && t > 1) || (row * seq + t) % 5 == 0)
+          batch.targets(b, t) = quintet::kernels::no_target;
+      }
+    return batch;
+  }
 };
 
-// One training step on the global batch of `step`: the same arithmetic in every run.
-// `synchronize` sums what a plan leaves partial, `norm` is the global gradient norm.
-template <class Model, class Synchronize, class Norm>
-double train_step(Model& model, quintet::nn::parameter_registry<float, host>& registry,
-                  quintet::optim::adamw<float, host>& optimizer, int step,
-                  Synchronize&& synchronize, Norm&& norm, const parity_setup& setup = {}) {
-  auto batch = source.batch(step, {0, 4}, 8);
-  if (setup.ignore_some_targets) {
-    // Sequence 0 is all padding after position 1; elsewhere every fifth target.
-    for (std::int64_t b = 0; b < 4; ++b)
-      for (std::int64_t t = 0; t < 8; ++t)
-        if ((b == 0 && t > 1) || (b * 8 + t) % 5 == 0)
-          batch.targets(b, t) = quintet::kernels::no_target;
-  }
-  registry.zero_grad();
-  quintet::nn::context<host> ctx;
-  const auto loss = model.forward(ctx, batch.inputs.view(), batch.targets.view());
-  model.backward(ctx, 1.0 / static_cast<double>(loss.count));
-  synchronize();
-  optimizer.step(lr, quintet::optim::clip_factor(norm(), 1.0));
-  return loss.mean();
-}
+// K = 5 steps on the global batch of 4 sequences of 8, AdamW at a constant lr, clipped at 1.
+inline const quintet::train::training_options training{.steps = steps,
+                                                       .batch = 4,
+                                                       .seq = 8,
+                                                       .lr = lr,
+                                                       .min_lr = lr,
+                                                       .warmup_steps = 0,
+                                                       .weight_decay = 0.1,
+                                                       .beta2 = 0.999,
+                                                       .seed = seed};
 
-inline void keep_parameters(quintet::nn::parameter_registry<float, host>& registry,
-                            run_result& out) {
-  for (auto& p : registry) {
-    quintet::tensor<float, host> copy(p.value.shape());
-    quintet::copy(copy, p.value);
-    out.parameters.emplace(p.name, std::move(copy));
-    out.regions.emplace(p.name, p.local);
-  }
+using run_result = quintet::train::parity_run;
+
+// The library's parity run of one rank (serial: no mesh), on the setup's data.
+template <class Plan, class Mesh>
+run_result run_on(const parity_setup& setup, Mesh* mesh) {
+  const quintet::execution<host> exec;
+  if (setup.ignore_some_targets)
+    return quintet::train::parity_rank<float, Plan>(masked_source{}, setup.model, training, exec,
+                                                    mesh);
+  return quintet::train::parity_rank<float, Plan>(source, setup.model, training, exec, mesh);
 }
 
 inline run_result serial_run(const parity_setup& setup = {}) {
-  const quintet::execution<host> exec;
-  quintet::nn::parameter_registry<float, host> registry(seed);
-  quintet::nn::gpt<float, host> model(registry, exec, setup.model);
-  quintet::optim::adamw<float, host> optimizer(registry, exec, adamw_settings);
-  run_result out;
-  for (int s = 0; s < steps; ++s)
-    out.losses.push_back(train_step(
-        model, registry, optimizer, s, [] {},
-        [&] { return quintet::optim::global_gradient_norm(exec, registry); }, setup));
-  keep_parameters(registry, out);
-  return out;
+  return run_on<quintet::serial_plan, par::no_mesh>(setup, nullptr);
 }
 
 // This rank's part of a run of `Plan` over `world` cut into `degrees`.
 template <class Plan, class Comm>
 run_result parallel_rank(Comm& world, quintet::mesh_degrees degrees,
                          const parity_setup& setup = {}) {
-  using mesh_type = quintet::device_mesh<Comm>;
-  const quintet::execution<host> exec;
-  mesh_type mesh(world, degrees);
-  quintet::nn::parameter_registry<float, host> registry(seed, mesh, Plan{});
-  quintet::nn::gpt<float, host, Plan, mesh_type> model(registry, exec, setup.model, &mesh);
-  quintet::optim::adamw<float, host> optimizer(registry, exec, adamw_settings);
-  run_result out;
-  for (int s = 0; s < steps; ++s)
-    out.losses.push_back(train_step(
-        model, registry, optimizer, s, [&] { par::synchronize_gradients(registry, mesh); },
-        [&] { return par::global_gradient_norm<Plan>(exec, registry, mesh); }, setup));
-  keep_parameters(registry, out);
-  return out;
+  quintet::device_mesh<Comm> mesh(world, degrees);
+  return run_on<Plan>(setup, &mesh);
 }
 
 // This rank's part of a tensor-parallel run over `world` (all of its ranks form the tp group).
@@ -127,35 +101,32 @@ run_result tensor_parallel_rank(Comm& world) {
   return parallel_rank<tp_plan>(world, {.tp = world.size()});
 }
 
+// The shard a run holds of parameter `name`.
+inline const quintet::train::parity_shard& shard_of(const run_result& run, const std::string& name) {
+  for (const auto& shard : run.shards)
+    if (shard.name == name) return shard;
+  FAIL("no parameter " << name);
+  return run.shards.front();
+}
+
 // Every step's loss (relative 1e-5) and every parameter shard (relative 1e-4, absolute 2e-6)
-// against the serial run's loss and the same slice of the serial parameter.
+// against the serial run's loss and the same slice of the serial parameter: the library's
+// verdict, with its report shown on failure.
 inline void require_matches_serial(const run_result& serial, const run_result& rank) {
-  for (int s = 0; s < steps; ++s) {
-    INFO("step " << s);
-    REQUIRE(rank.losses[s] == Approx(serial.losses[s]).epsilon(1e-5));
-  }
-  REQUIRE(rank.parameters.size() == serial.parameters.size());
-  for (const auto& [name, shard] : rank.parameters) {
-    // The shard's block of the global tensor, cut to the serial extents: a vocabulary padded to a
-    // multiple of tp has rows (ids) the serial model lacks.
-    const quintet::region& where = rank.regions.at(name);
-    quintet::tensor_view<const float, host> expected_view = serial.parameters.at(name).view();
-    quintet::tensor_view<const float, host> actual_view = shard.view();
-    REQUIRE(expected_view.rank() == actual_view.rank());
-    for (int d = 0; d < expected_view.rank(); ++d) {
-      const std::int64_t begin = std::min(where.offsets()[d], expected_view.shape()[d]);
-      const std::int64_t end =
-          std::min(where.offsets()[d] + where.local_shape()[d], expected_view.shape()[d]);
-      expected_view = quintet::slice(expected_view, d, begin, end);
-      actual_view = quintet::slice(actual_view, d, 0, end - begin);
-    }
-    quintet::tensor<float, host> expected(expected_view.shape()), actual(actual_view.shape());
-    quintet::copy(expected, expected_view);
-    quintet::copy(actual, actual_view);
-    for (std::int64_t i = 0; i < actual.numel(); ++i) {
-      INFO(name << "[" << i << "]");
-      REQUIRE(actual.data()[i] == Approx(expected.data()[i]).epsilon(1e-4).margin(2e-6));
-    }
+  const auto report = quintet::train::compare_with_serial(serial, {rank});
+  INFO(report.summary());
+  REQUIRE(report.parameters.size() == serial.shards.size());
+  REQUIRE(report.passed);
+}
+
+// A plan of degree 1 is the serial model: the same losses and parameters, bit for bit.
+inline void require_identical(const run_result& serial, const run_result& rank) {
+  REQUIRE(rank.losses == serial.losses);
+  REQUIRE(rank.shards.size() == serial.shards.size());
+  for (std::size_t p = 0; p < rank.shards.size(); ++p) {
+    INFO(rank.shards[p].name);
+    REQUIRE(rank.shards[p].name == serial.shards[p].name);
+    REQUIRE(rank.shards[p].values == serial.shards[p].values);
   }
 }
 

@@ -66,20 +66,13 @@ TEST_CASE("every plan matches the serial GPT with an untied head and padding tar
 TEST_CASE("sequence parallel plans of degree 1 are bit-identical to the serial GPT",
           "[parity][sequence]") {
   const run_result serial = serial_run();
-  const auto require_identical = [&](const std::vector<run_result>& ranks) {
+  const auto require_one_identical = [&](const std::vector<run_result>& ranks) {
     REQUIRE(ranks.size() == 1);
-    for (int step = 0; step < steps; ++step) REQUIRE(ranks[0].losses[step] == serial.losses[step]);
-    for (const auto& [name, value] : ranks[0].parameters) {
-      INFO(name);
-      const auto& expected = serial.parameters.at(name);
-      REQUIRE(value.shape() == expected.shape());
-      for (std::int64_t i = 0; i < value.numel(); ++i)
-        REQUIRE(value.data()[i] == expected.data()[i]);
-    }
+    require_identical(serial, ranks[0]);
   };
-  require_identical(run_plan<megatron_sp_plan>({}));
-  require_identical(run_plan<ulysses_plan>({}));
-  require_identical(run_plan<ring_plan>({}));
+  require_one_identical(run_plan<megatron_sp_plan>({}));
+  require_one_identical(run_plan<ulysses_plan>({}));
+  require_one_identical(run_plan<ring_plan>({}));
 }
 
 TEST_CASE("Ulysses GPT matches the serial GPT step by step", "[parity][sequence][ulysses]") {

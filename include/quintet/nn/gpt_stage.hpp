@@ -160,7 +160,11 @@ class gpt_stage {
       head_.emplace(projections::make_column(
           registry, exec, mesh, "lm_head", config.d_model,
           parallel::padded_vocab(config.vocab, projections::tp_size(mesh)),
-          linear_options{.bias = false, .init_stddev = config.init_stddev}));
+          linear_options{.bias = false,
+                         .init_stddev = config.init_stddev,
+                         // (padded vocab, d) stored; the vocabulary's rows are the logical ones
+                         .weight_placement = parallel::placement::replicated().with_logical_shape(
+                             shape{config.vocab, config.d_model})}));
     if (holds_head() && config.tie_weights && !holds_embedding())
       // The last stage's copy of the token table, registered as the embedding registers it.
       tied_table_ = &embedding<T, Device, Plan, Mesh>::add_token_table(

@@ -119,6 +119,11 @@ class parameter_registry {
       QUINTET_CHECK(p.name != name, "parameter_registry: a parameter named '{}' already exists",
                     name);
     if (partial_ != nullptr) where = where.partial(where.partial_axes() | partial_(where));
+    // Summing a gradient over an axis it is sharded over would add different blocks together;
+    // that takes a reduce-scatter (ZeRO), which the buckets do not do yet.
+    QUINTET_CHECK((where.partial_axes() & where.sharded_axes()).empty(),
+                  "parameter_registry: '{}' is sharded over {} and its gradient partial over {}",
+                  name, name_of(where.sharded_axes()), name_of(where.partial_axes()));
     const region local = where.local_region(global, position_);
     auto& storage = own_storage_.emplace_back(quintet::tensor<T, Device>(local.local_shape()),
                                               quintet::tensor<T, Device>(local.local_shape()));

@@ -1,8 +1,8 @@
 // flat_sharding: how a flat buffer of `numel` elements is cut into `ranks` equal, aligned ranges —
 // what ZeRO does to a bucket of parameters, gradients or optimizer state. The buffer is padded to
 // ranks x per_rank elements, per_rank rounded up to `alignment` elements, so any size splits over
-// any degree (768 elements over dp = 64: 12 each; 770: 13 each, the last rank's 2 past the end
-// are padding).
+// any degree (768 elements over dp = 64: 12 each; 770: 13 each, 832 in all: rank 59 holds the
+// last 3 elements, ranks 60..63 only padding).
 //
 //   numel 10, ranks 4, alignment 1:   per_rank 3, padded 12
 //     rank 0 owns [0, 3)   rank 1 [3, 6)   rank 2 [6, 9)   rank 3 [9, 12) of which [9, 10) is data

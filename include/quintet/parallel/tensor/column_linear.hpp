@@ -119,8 +119,8 @@ class column_linear {
                   "column_linear '{}': {} output features{} do not divide over tp = {}", name,
                   per_group, options.output_groups > 1 ? " per group" : "", tp_size);
     const int dim = options.output_groups > 1 ? 1 : 0;  // the (out / groups) dimension
-    options.weight_placement = placement::replicated().sharded(mesh_axis::tp, dim);
-    options.bias_placement = placement::replicated().sharded(mesh_axis::tp, dim);
+    options.weight_placement = options.weight_placement.sharded(mesh_axis::tp, dim);
+    options.bias_placement = options.bias_placement.sharded(mesh_axis::tp, dim);
     return options;
   }
 

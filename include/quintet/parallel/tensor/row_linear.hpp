@@ -128,7 +128,7 @@ class row_linear {
                   "row_linear '{}': {} input features do not divide over tp = {}", name, in,
                   tp_size);
     options.bias = false;  // added by row_linear after the reduction
-    options.weight_placement = placement::replicated().sharded(mesh_axis::tp, 1);
+    options.weight_placement = options.weight_placement.sharded(mesh_axis::tp, 1);
     return options;
   }
 

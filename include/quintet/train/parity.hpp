@@ -1,0 +1,245 @@
+// Parity as a feature: does a parallel plan compute what one device computes? check_parity trains
+// a GPT for K steps serially and under a plan on thread ranks, on the same global batches, and
+// compares every step's loss and, at the end, every rank's shard of every parameter with the same
+// slice of the serial parameter (cut to its logical shape: the rows a padded vocabulary adds are
+// not compared). The report lists the worst difference per step and per (rank, parameter) and a
+// verdict against stated tolerances.
+//
+// Tolerances (fp32): a plan changes only the order of sums (partial products over tp, partial
+// gradients over sp, attention blocks merged in another order), a few ulp per reduction. Over a
+// few steps that stays below 1e-5 relative in the loss; AdamW moves a parameter by at most ~lr per
+// step whatever the gradient's size, so at lr 1e-3 parameters agree to 1e-4 relative or 2e-6
+// absolute. A plan of degree 1 on every axis is the serial model: it should agree bit for bit.
+//
+// The pieces are public so other launchers reuse them: parity_rank runs one rank (over any
+// communicator: thread ranks, mpirun's), compare_with_serial judges a set of ranks.
+#pragma once
+
+#include <quintet/comm/thread_comm.hpp>
+#include <quintet/core/error.hpp>
+#include <quintet/core/format.hpp>
+#include <quintet/data/token_source.hpp>
+#include <quintet/kernels/execution.hpp>
+#include <quintet/mesh/device_mesh.hpp>
+#include <quintet/nn/gpt.hpp>
+#include <quintet/parallel/no_mesh.hpp>
+#include <quintet/parallel/plan.hpp>
+#include <quintet/tensor/copy.hpp>
+#include <quintet/tensor/region.hpp>
+#include <quintet/tensor/tensor.hpp>
+#include <quintet/train/trainer.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace quintet::train {
+
+struct parity_tolerance {
+  double loss_relative = 1e-5;
+  double parameter_relative = 1e-4;
+  double parameter_absolute = 2e-6;
+};
+
+// One parameter as a rank holds it after the run.
+struct parity_shard {
+  std::string name;
+  region where;                // its block of the stored global shape
+  shape logical;               // the global shape without padding
+  std::vector<double> values;  // row-major, local shape
+};
+
+// What one run (serial, or one rank of a plan) produced.
+struct parity_run {
+  std::vector<double> losses;  // per step
+  std::vector<parity_shard> shards;
+};
+
+struct parameter_difference {
+  int rank = 0;
+  std::string name;
+  std::int64_t compared = 0;      // elements inside the logical shape
+  double worst_absolute = 0.0;    // max |parallel - serial|
+  double worst_relative = 0.0;    // max |parallel - serial| / |serial| over elements not within margin
+  bool within = true;
+};
+
+struct parity_report {
+  std::string plan;
+  std::vector<double> serial_losses, plan_losses;  // rank 0's; every rank reports the same loss
+  std::vector<double> loss_relative;               // per step, worst over ranks
+  std::vector<parameter_difference> parameters;    // per rank and parameter
+  parity_tolerance tolerance;
+  bool passed = false;
+
+  double worst_parameter_relative() const {
+    double worst = 0.0;
+    for (const auto& p : parameters) worst = std::max(worst, p.worst_relative);
+    return worst;
+  }
+
+  // A table: per step the two losses and their difference, then the parameters that are outside
+  // the tolerance (or the worst one), then the verdict.
+  std::string summary() const {
+    std::string out = detail::format_message("parity of {} against the serial model, {} steps\n",
+                                             plan, serial_losses.size());
+    for (std::size_t s = 0; s < serial_losses.size(); ++s)
+      out += detail::format_message("  step {}: serial {:.9g}  plan {:.9g}  relative {:.2e}\n", s,
+                                    serial_losses[s], plan_losses[s], loss_relative[s]);
+    const parameter_difference* worst = nullptr;
+    std::int64_t outside = 0;
+    for (const auto& p : parameters) {
+      if (worst == nullptr || p.worst_absolute > worst->worst_absolute) worst = &p;
+      if (!p.within) {
+        ++outside;
+        out += detail::format_message("  OUTSIDE rank {} {}: worst absolute {:.3e}, relative {:.3e}\n",
+                                      p.rank, p.name, p.worst_absolute, p.worst_relative);
+      }
+    }
+    if (worst != nullptr)
+      out += detail::format_message(
+          "  {} parameter shards compared; largest difference: rank {} {} (absolute {:.3e}, "
+          "relative {:.3e} beyond the margin)\n",
+          parameters.size(), worst->rank, worst->name, worst->worst_absolute,
+          worst->worst_relative);
+    out += detail::format_message(
+        "verdict: {} (loss within {:.0e} relative; parameters within {:.0e} relative or {:.0e} "
+        "absolute; {} shards outside)\n",
+        passed ? "PASS" : "FAIL", tolerance.loss_relative, tolerance.parameter_relative,
+        tolerance.parameter_absolute, outside);
+    return out;
+  }
+};
+
+// One rank's K = training.steps steps of the GPT under Plan on `mesh` (no_mesh: the serial run):
+// the trainer's loop, so what is checked is what trains.
+template <class T, class Plan, token_source Source, class Mesh>
+parity_run parity_rank(const Source& source, const nn::gpt_config& model,
+                       const training_options& training, const execution<host>& exec, Mesh* mesh) {
+  trainer<T, Source, Plan, Mesh> run(source, model, training, exec, mesh);
+  parity_run out;
+  for (std::int64_t s = 0; s < training.steps; ++s) out.losses.push_back(run.train_step().loss);
+  for (const auto& p : run.parameters()) {
+    quintet::tensor<T, host> local(p.value.shape());
+    copy(local, p.value);
+    parity_shard shard{p.name, p.local, p.placement.logical_shape(p.global_shape), {}};
+    shard.values.reserve(static_cast<std::size_t>(local.numel()));
+    for (std::int64_t i = 0; i < local.numel(); ++i)
+      shard.values.push_back(static_cast<double>(local.data()[i]));
+    out.shards.push_back(std::move(shard));
+  }
+  return out;
+}
+
+namespace detail {
+
+// The element of `serial`'s (whole) parameter at the global position of a shard's local index.
+inline parameter_difference compare_shard(const parity_shard& shard, const parity_shard& serial,
+                                          const parity_tolerance& tolerance, int rank) {
+  parameter_difference out;
+  out.rank = rank;
+  out.name = shard.name;
+  const shape local = shard.where.local_shape();
+  QUINTET_CHECK(serial.where.global_shape() == serial.where.local_shape(),
+                "parity: the serial parameter '{}' is not whole", serial.name);
+  QUINTET_CHECK(serial.logical == shard.logical,
+                "parity: parameter '{}' has logical shape {} under the plan but {} serially",
+                shard.name, shard.logical, serial.logical);
+  const shape serial_shape = serial.where.global_shape();
+  shape::index_array index{};
+  for (std::int64_t i = 0; i < local.numel(); ++i) {
+    // The local index's global position; outside the logical shape it is padding.
+    std::int64_t rest = i, serial_index = 0, serial_stride = 1;
+    bool inside = true;
+    for (int d = local.rank() - 1; d >= 0; --d) {
+      index[d] = rest % local[d];
+      rest /= local[d];
+    }
+    for (int d = local.rank() - 1; d >= 0; --d) {
+      const std::int64_t at = shard.where.offsets()[d] + index[d];
+      inside = inside && at < shard.logical[d];
+      serial_index += at * serial_stride;
+      serial_stride *= serial_shape[d];
+    }
+    if (!inside) continue;
+    const double expected = serial.values[static_cast<std::size_t>(serial_index)];
+    const double difference = std::abs(shard.values[static_cast<std::size_t>(i)] - expected);
+    ++out.compared;
+    out.worst_absolute = std::max(out.worst_absolute, difference);
+    const double relative = expected == 0.0 ? std::numeric_limits<double>::infinity()
+                                            : difference / std::abs(expected);
+    if (difference > tolerance.parameter_absolute) {
+      out.worst_relative = std::max(out.worst_relative, relative);
+      if (relative > tolerance.parameter_relative) out.within = false;
+    }
+  }
+  return out;
+}
+
+}  // namespace detail
+
+// Every rank's run against the serial run.
+inline parity_report compare_with_serial(const parity_run& serial,
+                                         const std::vector<parity_run>& ranks,
+                                         const parity_tolerance& tolerance = {},
+                                         std::string plan = "the plan") {
+  parity_report report;
+  report.plan = std::move(plan);
+  report.tolerance = tolerance;
+  report.serial_losses = serial.losses;
+  QUINTET_CHECK(!ranks.empty(), "parity: no rank ran the plan");
+  report.plan_losses = ranks.front().losses;
+  report.passed = true;
+  std::map<std::string, const parity_shard*> serial_by_name;
+  for (const auto& shard : serial.shards) serial_by_name[shard.name] = &shard;
+  for (std::size_t s = 0; s < serial.losses.size(); ++s) {
+    double worst = 0.0;
+    for (const auto& rank : ranks) {
+      QUINTET_CHECK(rank.losses.size() == serial.losses.size(),
+                    "parity: a rank ran {} steps, the serial run {}", rank.losses.size(),
+                    serial.losses.size());
+      worst = std::max(worst, std::abs(rank.losses[s] - serial.losses[s]) /
+                                  std::max(std::abs(serial.losses[s]), 1e-300));
+    }
+    report.loss_relative.push_back(worst);
+    report.passed = report.passed && worst <= tolerance.loss_relative;
+  }
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    QUINTET_CHECK(ranks[r].shards.size() == serial.shards.size(),
+                  "parity: rank {} holds {} parameters, the serial model {}", r,
+                  ranks[r].shards.size(), serial.shards.size());
+    for (const auto& shard : ranks[r].shards) {
+      const auto found = serial_by_name.find(shard.name);
+      QUINTET_CHECK(found != serial_by_name.end(),
+                    "parity: rank {} holds '{}', which the serial model has not", r, shard.name);
+      report.parameters.push_back(
+          detail::compare_shard(shard, *found->second, tolerance, static_cast<int>(r)));
+      report.passed = report.passed && report.parameters.back().within;
+    }
+  }
+  return report;
+}
+
+// The serial run and the plan on thread ranks over a mesh of `degrees`, compared.
+template <class T, class Plan, token_source Source>
+parity_report check_parity(const Source& source, const nn::gpt_config& model,
+                           const training_options& training, mesh_degrees degrees,
+                           const parity_tolerance& tolerance = {}) {
+  const execution<host> exec(1);  // one thread everywhere: the ranks are the parallelism
+  const parity_run serial =
+      parity_rank<T, serial_plan, Source, parallel::no_mesh>(source, model, training, exec, nullptr);
+  const int world = degrees.dp * degrees.pp * degrees.tp * degrees.sp;
+  std::vector<parity_run> ranks(static_cast<std::size_t>(world));
+  thread_world{world}.run([&](thread_comm& comm) {
+    device_mesh<thread_comm> mesh(comm, degrees);
+    ranks[static_cast<std::size_t>(comm.rank())] =
+        parity_rank<T, Plan, Source>(source, model, training, exec, &mesh);
+  });
+  return compare_with_serial(serial, ranks, tolerance, Plan::name());
+}
+
+}  // namespace quintet::train
