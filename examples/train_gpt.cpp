@@ -184,10 +184,10 @@ void run_rank(const Source& source, const program_options& options,
 // The tensor policy is in every row: at --tp 1 it is a group of one.
 //
 //   --sp-style  plan<...>                                       mesh        the sequence
-//   none        tensor<megatron_1d>                             {.tp}       whole
-//   megatron    tensor<megatron_1d>, sequence<megatron_sp>      {.tp}       on the tp group
-//   ulysses     tensor<megatron_1d>, sequence<ulysses>          {.tp, .sp}  on the sp axis
-//   ring        tensor<megatron_1d>, sequence<ring>             {.tp, .sp}  on the sp axis
+//   none        tp<megatron_1d>                                 {.tp}       whole
+//   megatron    tp<megatron_1d>, sp<megatron_sp>                {.tp}       on the tp group
+//   ulysses     tp<megatron_1d>, sp<ulysses>                    {.tp, .sp}  on the sp axis
+//   ring        tp<megatron_1d>, sp<ring>                       {.tp, .sp}  on the sp axis
 //
 // (A single rank with no --sp-style is the serial model, plan serial_plan and no mesh.)
 template <class Plan>
@@ -198,15 +198,15 @@ struct plan_type {
 template <class Fn>
 void with_plan(const std::string& sp_style, Fn&& fn) {
   namespace par = quintet::parallel;
-  using tensor = par::tp<par::megatron_1d>;
+  using tensor_parallel = par::tp<par::megatron_1d>;
   if (sp_style == "none") {
-    fn(plan_type<quintet::plan<tensor>>{});
+    fn(plan_type<quintet::plan<tensor_parallel>>{});
   } else if (sp_style == "megatron") {
-    fn(plan_type<quintet::plan<tensor, par::sp<par::megatron_sp>>>{});
+    fn(plan_type<quintet::plan<tensor_parallel, par::sp<par::megatron_sp>>>{});
   } else if (sp_style == "ulysses") {
-    fn(plan_type<quintet::plan<tensor, par::sp<par::ulysses>>>{});
+    fn(plan_type<quintet::plan<tensor_parallel, par::sp<par::ulysses>>>{});
   } else if (sp_style == "ring") {
-    fn(plan_type<quintet::plan<tensor, par::sp<par::ring>>>{});
+    fn(plan_type<quintet::plan<tensor_parallel, par::sp<par::ring>>>{});
   } else {
     QUINTET_FAIL("--sp-style {}: expected none, megatron, ulysses or ring", sp_style);
   }

@@ -27,10 +27,13 @@
 
 // Communicators and the device mesh; mpi_comm where the target has MPI. nccl_comm is included
 // explicitly (it needs NCCL).
+#include <quintet/comm/comm_request.hpp>
 #include <quintet/comm/communicator.hpp>
 #include <quintet/comm/counting_comm.hpp>
+#include <quintet/comm/exchange_counts.hpp>
 #include <quintet/comm/thread_comm.hpp>
 #include <quintet/mesh/device_mesh.hpp>
+#include <quintet/mesh/mesh_axis.hpp>
 #include <quintet/mesh/mesh_layout.hpp>
 #if defined(QUINTET_WITH_MPI)
 #include <quintet/comm/mpi_comm.hpp>
@@ -41,10 +44,14 @@
 #include <quintet/data/byte_corpus.hpp>
 #include <quintet/data/markov_source.hpp>
 #include <quintet/nn/gpt.hpp>
+#include <quintet/nn/gpt_stage.hpp>
+#include <quintet/nn/packed_context.hpp>
+#include <quintet/nn/stage.hpp>
 #include <quintet/optim/adamw.hpp>
 #include <quintet/optim/gradient_norm.hpp>
 #include <quintet/optim/lr_schedule.hpp>
 #include <quintet/optim/sgd.hpp>
+#include <quintet/parallel/flat_sharding.hpp>
 #include <quintet/parallel/gradient_norm.hpp>
 #include <quintet/parallel/mappings.hpp>
 #include <quintet/parallel/placement.hpp>
@@ -57,4 +64,6 @@
 #include <quintet/parallel/tensor/column_linear.hpp>
 #include <quintet/parallel/tensor/row_linear.hpp>
 #include <quintet/parallel/tensor/vocab_parallel_cross_entropy.hpp>
+#include <quintet/train/executor.hpp>
+#include <quintet/train/parity.hpp>
 #include <quintet/train/trainer.hpp>
