@@ -5,6 +5,7 @@
 
 #include "gradient_check.hpp"
 
+#include <utility>
 #include <vector>
 
 #include <quintet/nn/gpt.hpp>
@@ -26,7 +27,10 @@ quintet::tensor<std::int32_t, host> token_tensor(shape s, std::initializer_list<
 }  // namespace
 
 TEST_CASE("GPT gradients match finite differences of the mean loss", "[nn][gpt]") {
-  for (const bool tied : {true, false}) {
+  // The whole backward, and its two passes (input, then weight).
+  for (const auto& [tied, split] : {std::pair{true, false}, std::pair{false, false},
+                                   std::pair{true, true}, std::pair{false, true}}) {
+    INFO("tied " << tied << ", backward in two passes " << split);
     quintet::nn::parameter_registry<double, host> registry(29);
     const quintet::nn::gpt_config config{.vocab = 5,
                                          .max_seq = 4,
@@ -47,7 +51,12 @@ TEST_CASE("GPT gradients match finite differences of the mean loss", "[nn][gpt]"
     const auto result = model.forward(ctx, tokens.view(), targets.view());
     REQUIRE(result.count == 5);
     registry.zero_grad();
-    model.backward(ctx, 1.0 / static_cast<double>(result.count));
+    if (split) {
+      model.backward_input(ctx, 1.0 / static_cast<double>(result.count));
+      model.backward_weight(ctx);
+    } else {
+      model.backward(ctx, 1.0 / static_cast<double>(result.count));
+    }
     const auto mean_loss = [&] {
       quintet::nn::context<host> fresh;
       return model.forward(fresh, tokens.view(), targets.view()).mean();

@@ -5,6 +5,7 @@
 // policy of the plan uses is refused: its layout does not match the plan.
 #pragma once
 
+#include <quintet/comm/all_reduce_from_host.hpp>
 #include <quintet/comm/communicator.hpp>
 #include <quintet/core/error.hpp>
 #include <quintet/kernels/execution.hpp>
@@ -14,36 +15,13 @@
 #include <quintet/nn/parameter.hpp>
 #include <quintet/optim/gradient_norm.hpp>
 #include <quintet/parallel/no_mesh.hpp>
-#include <quintet/tensor/copy.hpp>
 #include <quintet/tensor/tensor.hpp>
 
 #include <cmath>
 #include <cstdint>
 #include <map>
-#include <type_traits>
 
 namespace quintet::parallel {
-
-namespace detail {
-
-// One double summed over `group`, staged through the communicator's device.
-template <communicator Comm>
-double all_reduce_sum(Comm& group, double value) {
-  using Device = typename Comm::device_type;
-  quintet::tensor<double, host> on_host(shape{1});
-  on_host(0) = value;
-  if constexpr (std::is_same_v<Device, host>) {
-    group.all_reduce(on_host, reduce_op::sum);
-  } else {
-    quintet::tensor<double, Device> on_device(shape{1});
-    copy(on_device, on_host);
-    group.all_reduce(on_device, reduce_op::sum);
-    copy(on_host, on_device);
-  }
-  return on_host(0);
-}
-
-}  // namespace detail
 
 template <class Plan, class T, class Device, mesh_like Mesh>
 double global_gradient_norm(const execution<Device>& exec,
@@ -64,7 +42,12 @@ double global_gradient_norm(const execution<Device>& exec,
     mesh_axis_set axes;
     for (const mesh_axis axis : all_mesh_axes)
       if (mesh_axis_set{axis}.bits() & bits) axes = axes.with(axis);
-    if (!axes.empty()) sum = detail::all_reduce_sum(mesh.group(axes), sum);
+    if (!axes.empty()) {
+      quintet::tensor<double, host> value(shape{1});
+      value(0) = sum;
+      all_reduce_from_host(mesh.group(axes), value, reduce_op::sum);
+      sum = value(0);
+    }
     total += sum;
   }
   return std::sqrt(total);

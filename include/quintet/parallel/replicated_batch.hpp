@@ -8,6 +8,7 @@
 // ids and a 16-byte all-reduce per axis.
 #pragma once
 
+#include <quintet/comm/all_reduce_from_host.hpp>
 #include <quintet/comm/communicator.hpp>
 #include <quintet/core/error.hpp>
 #include <quintet/mesh/mesh_axis.hpp>
@@ -16,7 +17,6 @@
 
 #include <cstdint>
 #include <string_view>
-#include <type_traits>
 
 namespace quintet::parallel {
 
@@ -40,18 +40,10 @@ std::int64_t batch_hash(tensor_view<const std::int32_t, Device> ids, std::uint64
 
 template <class Comm>
 void require_same_hash(Comm& group, std::int64_t hash, std::string_view axis) {
-  using Device = typename Comm::device_type;
   quintet::tensor<std::int64_t, host> extremes(shape{2});
   extremes(0) = hash;
   extremes(1) = -hash;
-  if constexpr (std::is_same_v<Device, host>) {
-    group.all_reduce(extremes, reduce_op::max);
-  } else {
-    quintet::tensor<std::int64_t, Device> on_device(shape{2});
-    copy(on_device, extremes);
-    group.all_reduce(on_device, reduce_op::max);
-    copy(extremes, on_device);
-  }
+  all_reduce_from_host(group, extremes, reduce_op::max);
   QUINTET_CHECK(extremes(0) == -extremes(1),
                 "the ranks of the {} group were given different micro-batches: every rank of a "
                 "plan takes the whole micro-batch (the same tokens and targets) and picks its rows "

@@ -12,16 +12,15 @@
 //   complete_loss(mesh, loss)  the loss of this rank's rows -> the micro-batch's
 #pragma once
 
+#include <quintet/comm/all_reduce_from_host.hpp>
 #include <quintet/comm/communicator.hpp>
 #include <quintet/kernels/attention.hpp>
 #include <quintet/kernels/cross_entropy.hpp>
 #include <quintet/kernels/execution.hpp>
 #include <quintet/parallel/sequence/sequence_layout.hpp>
-#include <quintet/tensor/copy.hpp>
 #include <quintet/tensor/tensor.hpp>
 
 #include <cstdint>
-#include <type_traits>
 #include <utility>
 
 namespace quintet::parallel {
@@ -75,18 +74,10 @@ struct whole_sequence {
 // The (sum, count) of a loss summed over `group`: every rank scored its own rows.
 template <communicator Comm>
 kernels::cross_entropy_result sum_loss_over(Comm& group, kernels::cross_entropy_result local) {
-  using Device = typename Comm::device_type;
   quintet::tensor<double, host> totals(shape{2});
   totals(0) = local.loss_sum;
   totals(1) = static_cast<double>(local.count);
-  if constexpr (std::is_same_v<Device, host>) {
-    group.all_reduce(totals, reduce_op::sum);
-  } else {
-    quintet::tensor<double, Device> on_device(shape{2});
-    copy(on_device, totals);
-    group.all_reduce(on_device, reduce_op::sum);
-    copy(totals, on_device);
-  }
+  all_reduce_from_host(group, totals, reduce_op::sum);
   return {.loss_sum = totals(0), .count = static_cast<std::int64_t>(totals(1))};
 }
 
