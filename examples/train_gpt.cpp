@@ -225,14 +225,8 @@ void run_parallel_rank(const Source& source, const program_options& options, Com
 }
 
 // --check-parity: the chosen plan on thread ranks against the serial model, --parity-steps steps
-// on the same batches; prints the library's report and fails when a difference exceeds its
-// tolerance. The loss must agree to 1e-5 relative: that is the sharp test (a missing or doubled
-// reduction shows there within a step or two). Parameters get an absolute margin of
-// 0.05 lr x steps: AdamW's first steps are sign descent (m / sqrt(v) = sign(g) at step 1), so an
-// element whose gradient is rounding noise (zero in exact arithmetic, as the key bias's is: softmax
-// ignores a shift of a query's scores) moves by +-lr in either run, whichever way the noise of its
-// order of summation points. Seen at the default lr 1e-2: 2e-4 after 3 warm-up steps, 7e-5 after
-// 5 (tp 2 x sp 2, Ulysses).
+// on the same batches; prints the library's report and fails when a difference exceeds the
+// tolerance for AdamW at this rate (parity_tolerance::for_adamw says why it scales with lr).
 template <class Source>
 int check_parity(const Source& source, const program_options& options) {
   QUINTET_CHECK(!options.mpi,
@@ -241,8 +235,7 @@ int check_parity(const Source& source, const program_options& options) {
   quintet::train::training_options training = options.training;
   training.steps = options.parity_steps;
   training.warmup_steps = std::min(training.warmup_steps, training.steps);
-  const quintet::train::parity_tolerance tolerance{
-      .parameter_absolute = 0.05 * training.lr * static_cast<double>(training.steps)};
+  const auto tolerance = quintet::train::parity_tolerance::for_adamw(training.lr, training.steps);
   bool passed = false;
   with_plan(options.sp_style, [&]<class Plan>(plan_type<Plan>) {
     const auto report = quintet::train::check_parity<float, Plan>(

@@ -584,3 +584,23 @@ TEST_CASE("device_mesh: a counted product group is labelled with its axes and sp
     CHECK(r.dp.calls == 0);
   }
 }
+
+TEST_CASE("device_mesh: axes of degree 1 are dropped from a product group, costing no split",
+          "[mesh][product]") {
+  std::vector<int> same_as_sp(4, 0), same_as_dp(4, 0), splits(4, -1);
+  thread_world{4}.run([&](thread_comm& world) {
+    counting_comm<thread_comm> counted(world.split(0, world.rank()));
+    device_mesh<counting_comm<thread_comm>> mesh(counted, {.tp = 2, .sp = 2});
+    counted.ledger().clear();
+    const int r = world.rank();
+    same_as_sp[r] = &mesh.group({mesh_axis::sp, mesh_axis::dp}) == &mesh.sp() ? 1 : 0;
+    same_as_dp[r] = &mesh.group({mesh_axis::dp, mesh_axis::pp}) == &mesh.dp() ? 1 : 0;
+    splits[r] = static_cast<int>(counted.ledger().total(comm_operation::split).calls);
+  });
+  for (int r = 0; r < 4; ++r) {
+    INFO("rank " << r);
+    CHECK(same_as_sp[r] == 1);  // dp = 1: sp x dp is the sp group
+    CHECK(same_as_dp[r] == 1);  // dp = pp = 1: a group of this rank alone, the dp communicator
+    CHECK(splits[r] == 0);
+  }
+}

@@ -8,6 +8,7 @@
 #include <quintet/data/markov_source.hpp>
 #include <quintet/nn/gpt.hpp>
 #include <quintet/nn/gpt_stage.hpp>
+#include <quintet/nn/packed_context.hpp>
 
 #include <cstring>
 #include <map>
@@ -202,6 +203,12 @@ TEST_CASE("a stage refuses a bad cut and activations of the wrong shape", "[nn][
                       Catch::Contains("pieces [0, 6) are not a non-empty range"));
   REQUIRE_THROWS_WITH(stage(registry, exec, config, {0, 2, 2, 2}),
                       Catch::Contains("stage index 2 is outside [0, 2)"));
+  REQUIRE_THROWS_WITH(stage(registry, exec, config, {0, 2, 1, 2}),
+                      Catch::Contains("stage 1 of 2 holds the embedding (piece 0); the first stage"));
+  REQUIRE_THROWS_WITH(stage(registry, exec, config, {2, 5, 1, 3}),
+                      Catch::Contains("stage 1 of 3 holds the head (piece 4); the last stage"));
+  REQUIRE_THROWS_WITH(stage(registry, exec, config, {2, 4, 1, 2}),
+                      Catch::Contains("stage 1 of 2 does not hold the head"));
   quintet::nn::parameter_registry<float, host> middle_registry(seed);
   stage middle(middle_registry, exec, config, {2, 3, 1, 3});
   CHECK(!middle.holds_embedding());
@@ -214,4 +221,35 @@ TEST_CASE("a stage refuses a bad cut and activations of the wrong shape", "[nn][
                                            .activations = wrong.view()}),
                       Catch::Contains("activations of shape (3, 7, 8) from the previous stage, "
                                       "expected (3, 8, 8)"));
+}
+
+TEST_CASE("a micro-batch's context packed between the passes and unpacked gives the same bits",
+          "[nn][stage]") {
+  // What BPipe does: a stage evicts a micro-batch's context (to host memory or a partner rank)
+  // after its forward, or between the input and the weight pass, and reloads it before it is
+  // needed.
+  const run_result whole = serial_run(true, true);
+  quintet::nn::parameter_registry<float, host> registry(seed);
+  quintet::nn::gpt<float, host> model(registry, exec, config_of(true));
+  const auto batch = batch_of(0);
+  quintet::nn::context<host> ctx;
+  const auto loss = model.forward(ctx, batch.inputs.view(), batch.targets.view());
+  const std::size_t bytes = ctx.bytes();
+  auto packed = quintet::nn::pack(ctx);
+  ctx.clear();
+  quintet::nn::context<host> reloaded = quintet::nn::unpack(packed);
+  CHECK(reloaded.bytes() == bytes);
+  model.backward_input(reloaded, 0.25);
+  packed = quintet::nn::pack(reloaded);
+  reloaded.clear();
+  quintet::nn::context<host> again = quintet::nn::unpack(packed);
+  model.backward_weight(again);
+  run_result out;
+  out.loss_sums.push_back(loss.loss_sum);
+  keep(registry, out);
+  REQUIRE(out.loss_sums == whole.loss_sums);
+  for (const auto& [name, grad] : whole.grad) {
+    INFO(name);
+    REQUIRE(same_bits(out.grad.at(name), grad));
+  }
 }

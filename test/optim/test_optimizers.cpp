@@ -195,6 +195,21 @@ TEST_CASE("AdamW over owned ranges of each parameter is the whole update, range 
     }
     ++i;
   }
+  // Owning a whole parameter (a rank whose range covers it) is the whole update.
+  parameter_registry<double, host> again(3);
+  make_parameters(again);
+  quintet::optim::adamw<double, host> owner(again, exec, hp);
+  for (auto& p : again) owner.own(p.name, {0, p.value.numel()});
+  CHECK(owner.state("fc.weight").whole);
+  CHECK(owner.state("fc.weight").m.shape() == shape{3, 4});
+  for (int t = 1; t <= 3; ++t) {
+    random_gradients(again, t);
+    owner.step(0.1, 0.7);
+  }
+  for (auto& p : whole) {
+    const auto& q = again.find(p.name);
+    for (std::int64_t e = 0; e < p.value.numel(); ++e) REQUIRE(q.value.data()[e] == p.value.data()[e]);
+  }
   REQUIRE_THROWS_WITH(first.own("fc.bias", {0, 1}),
                       Catch::Contains("'fc.bias' changes owner after 3 steps"));
   quintet::optim::adamw<double, host> fresh(whole, exec, hp);

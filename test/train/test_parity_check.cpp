@@ -7,7 +7,9 @@
 #include <quintet/parallel/plan.hpp>
 #include <quintet/train/parity.hpp>
 
+#include <cmath>
 #include <string>
+#include <vector>
 
 namespace par = quintet::parallel;
 
@@ -75,6 +77,20 @@ TEST_CASE("check_parity fails a drifting run and names what drifted", "[train][p
   auto lossy = ranks;
   lossy[0].losses[2] *= 1.0 + 1e-4;
   CHECK(!quintet::train::compare_with_serial(serial, lossy).passed);
+
+  // Numbers that are not numbers fail, in a loss or in a parameter.
+  auto nan_loss = ranks;
+  nan_loss[2].losses[1] = std::nan("");
+  CHECK(!quintet::train::compare_with_serial(serial, nan_loss).passed);
+  auto nan_value = ranks;
+  nan_value[1].shards.front().values[0] = std::nan("");
+  CHECK(!quintet::train::compare_with_serial(serial, nan_value).passed);
+
+  // A rank's blocks missing from the comparison leave elements no rank holds: a failure too.
+  const std::vector<quintet::train::parity_run> three(ranks.begin(), ranks.begin() + 3);
+  const auto partial = quintet::train::compare_with_serial(serial, three);
+  CHECK(!partial.passed);
+  CHECK_THAT(partial.summary(), Catch::Contains("NOT COVERED blocks.0.mlp.fc.weight"));
 
   // A padding row of the vocabulary is not compared (the serial model has no such row); a real
   // one is.

@@ -6,11 +6,12 @@
 #include <quintet/comm/communicator.hpp>
 #include <quintet/mesh/mesh_axis.hpp>
 #include <quintet/mesh/mesh_layout.hpp>
+#include <quintet/mesh/mesh_like.hpp>
 
-#include <concepts>
 #include <cstddef>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string_view>
 #include <type_traits>
 #include <utility>
@@ -56,15 +57,25 @@ class device_mesh {
   Comm& expert_dp() { return axis(mesh_axis::edp); }
 
   // The communicator of the ranks that agree on every axis outside `axes` (ordered by their
-  // coordinates on `axes`, fastest first): one all-reduce over sp x dp instead of two. A single
-  // axis is that axis' communicator. A set's first use is collective over the world (a split),
-  // so every rank must ask for the same sets in the same order; later uses are cached.
+  // coordinates on `axes`, fastest first): one all-reduce over sp x dp instead of two. A set's
+  // first use is collective over the world (a split), so every rank must ask for the same sets in
+  // the same order; later uses are cached.
+  // Axes of degree 1 change no group, so they are dropped first: a set with one axis of degree > 1
+  // is that axis' communicator, and with none, its first (degree-1) axis'.
   Comm& group(mesh_axis_set axes) {
-    if (axes.count() == 1) {
-      mesh_axis only = mesh_axis::tp;
-      axes.for_each([&](mesh_axis axis) { only = axis; });
-      return axis(only);
+    layout_.check_axes(axes);
+    mesh_axis_set wide;
+    axes.for_each([&](mesh_axis axis) {
+      if (layout_.size(axis) > 1) wide = wide.with(axis);
+    });
+    if (wide.count() == 1 || (wide.empty() && !axes.empty())) {
+      std::optional<mesh_axis> first;
+      (wide.empty() ? axes : wide).for_each([&](mesh_axis axis) {
+        if (!first) first = axis;
+      });
+      return axis(*first);
     }
+    axes = wide;  // empty only when asked for the empty set: the rank alone, split below
     const auto found = products_.find(axes);
     if (found != products_.end()) return *found->second;
     auto product = std::make_unique<Comm>(world_->split(layout_.group_id(axes, world_rank_),
@@ -89,17 +100,5 @@ class device_mesh {
 // The communicator type of a device_mesh (what its axes are).
 template <class Mesh>
 using communicator_of = typename Mesh::communicator_type;
-
-// mesh_like<M>: a device mesh layers can run a parallel plan on — its layout and degrees, one
-// communicator per axis and product groups. parallel::no_mesh (the serial model's) is not one.
-template <class M>
-concept mesh_like = communicator<typename M::communicator_type> &&
-    requires(M& m, const M& cm, mesh_axis axis, mesh_axis_set axes) {
-  { cm.layout() } -> std::same_as<const mesh_layout&>;
-  { cm.degrees() } -> std::same_as<const mesh_degrees&>;
-  { cm.world_rank() } -> std::same_as<int>;
-  { m.axis(axis) } -> std::same_as<typename M::communicator_type&>;
-  { m.group(axes) } -> std::same_as<typename M::communicator_type&>;
-};
 
 }  // namespace quintet

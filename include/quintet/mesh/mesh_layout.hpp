@@ -3,8 +3,8 @@
 // group sits on the fastest links); the expert groups subdivide dp. A group is given by one axis or
 // by a set of axes (a product group: the ranks that agree on every other axis, sp x dp say).
 //
-//   world 8, {.dp = 2, .pp = 2, .tp = 2}:      rank = tp + tp_size * (sp + sp_size * (dp + dp_size
-//   * pp))
+//   rank = tp + T * (sp + S * (dp + D * pp))   (T, S, D: the tp, sp and dp degrees)
+//   world 8, {.dp = 2, .pp = 2, .tp = 2}:
 //     pp 0: dp 0 -> ranks 0 1 (tp 0, 1)        tp groups {0,1} {2,3} {4,5} {6,7}
 //           dp 1 -> ranks 2 3                  dp groups {0,2} {1,3} {4,6} {5,7}
 //     pp 1: dp 0 -> ranks 4 5,  dp 1 -> 6 7    pp groups {0,4} {1,5} {2,6} {3,7}
@@ -176,7 +176,6 @@ class mesh_layout {
   int group_id(mesh_axis_set axes, int rank) const { return group_members(axes, rank).front(); }
 
  private:
-  // `at` with its coordinate along `axis` set to `index`.
   // Whether a and b agree on every coordinate outside `axes` (dp counts as outside when neither
   // it nor an expert axis is in the set; an expert axis frees only its part of dp).
   static bool agree_outside(mesh_axis_set axes, const mesh_coordinates& a,
@@ -188,6 +187,7 @@ class mesh_layout {
            (dp_free || (same(mesh_axis::ep, a.ep, b.ep) && same(mesh_axis::edp, a.edp, b.edp)));
   }
 
+  // `at` with its coordinate along `axis` set to `index`.
   mesh_coordinates moved(mesh_coordinates at, mesh_axis axis, int index) const {
     switch (axis) {
       case mesh_axis::tp:

@@ -19,8 +19,6 @@
 #include <quintet/nn/parameter.hpp>
 #include <quintet/parallel/plan.hpp>
 #include <quintet/parallel/projections.hpp>
-#include <quintet/parallel/sequence/ring_attention.hpp>
-#include <quintet/parallel/sequence/sequence_collectives.hpp>
 #include <quintet/tensor/copy.hpp>
 #include <quintet/tensor/slice.hpp>
 #include <quintet/tensor/tensor.hpp>
@@ -130,7 +128,6 @@ class causal_self_attention {
 
   // The heads this rank attends with: its tp share, and under Ulysses its sp share of those.
   std::int64_t attended_heads() const { return local_heads_ / sequence::head_split(mesh_); }
-
 
   // q (0), k (1) or v (2): a (batch, seq, d / tp) column slice of the fused (batch, seq, 3d / tp)
   // tensor.

@@ -137,8 +137,8 @@ class gpt_stage {
         mesh_(mesh),
         shard_(parallel::vocab_shard_of(config.vocab, projections::tp_size(mesh), tp_rank(mesh))) {
     const std::size_t first_parameter = registry.size();
-    // Registration order is the serial model's (embedding, final norm, blocks, head): the
-    // gradient norm sums in it.
+    // Registration order is the serial model's (embedding, final norm, blocks, head; a last
+    // stage's copy of the tied table comes last): the gradient norm sums in it.
     if (holds_embedding())
       embedding_.emplace(registry, exec, "embedding", config.vocab, config.max_seq, config.d_model,
                          config.init_stddev, mesh);
@@ -287,6 +287,15 @@ class gpt_stage {
                   cut.first_piece, cut.end_piece, config.pieces(), config.layers);
     QUINTET_CHECK(0 <= cut.index && cut.index < cut.count,
                   "gpt stage: stage index {} is outside [0, {})", cut.index, cut.count);
+    // The embedding is the first stage's and the head the last's: the placements that mark the
+    // tied table as held by stages 0 and count - 1 depend on it.
+    QUINTET_CHECK((cut.first_piece == 0) == (cut.index == 0),
+                  "gpt stage: stage {} of {} {} the embedding (piece 0); the first stage holds it",
+                  cut.index, cut.count, cut.first_piece == 0 ? "holds" : "does not hold");
+    QUINTET_CHECK((cut.end_piece == config.pieces()) == (cut.index == cut.count - 1),
+                  "gpt stage: stage {} of {} {} the head (piece {}); the last stage holds it",
+                  cut.index, cut.count, cut.end_piece == config.pieces() ? "holds" : "does not hold",
+                  config.pieces() - 1);
     return cut;
   }
 
@@ -300,13 +309,14 @@ class gpt_stage {
 
   // Every parameter this stage registered is held by this stage; the tied token table by the
   // first and the last.
-  void mark_stages(parameter_registry<T, Device>& registry, std::size_t first_parameter) const {
+  void mark_stages(parameter_registry<T, Device>& registry, std::size_t first_parameter) {
+    const parameter<T, Device>* table =
+        config_.tie_weights && (holds_embedding() || holds_head()) ? &token_table() : nullptr;
     std::size_t i = 0;
     for (auto& p : registry) {
       if (i++ < first_parameter) continue;
-      const bool shared_table = config_.tie_weights && p.name == "embedding.token_weight";
-      p.placement = shared_table ? p.placement.held_by({0, cut_.count - 1})
-                                 : p.placement.held_by({cut_.index});
+      p.placement = &p == table ? p.placement.held_by({0, cut_.count - 1})
+                                : p.placement.held_by({cut_.index});
     }
   }
 

@@ -69,12 +69,15 @@ class adamw {
                   "adamw: range [{}, {}) is outside parameter '{}' of {} elements", range.begin,
                   range.end, name, numel);
     QUINTET_CHECK(steps_ == 0, "adamw: parameter '{}' changes owner after {} steps", name, steps_);
-    state.m = quintet::tensor<state_type, Device>(shape{range.size()});
-    state.v = quintet::tensor<state_type, Device>(shape{range.size()});
-    fill(state.m, state_type(0));
-    fill(state.v, state_type(0));
     state.range = range;
     state.whole = range.begin == 0 && range.end == numel;
+    // The whole parameter keeps moments of its shape (the update sees them beside the value).
+    const shape moments_shape =
+        state.whole ? registry_.find(name).value.shape() : shape{range.size()};
+    state.m = quintet::tensor<state_type, Device>(moments_shape);
+    state.v = quintet::tensor<state_type, Device>(moments_shape);
+    fill(state.m, state_type(0));
+    fill(state.v, state_type(0));
   }
 
   // One update of every parameter's owned range with learning rate `lr` and gradient

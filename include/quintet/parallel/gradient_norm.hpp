@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdint>
 #include <map>
+#include <vector>
 
 namespace quintet::parallel {
 
@@ -30,6 +31,12 @@ double global_gradient_norm(const execution<Device>& exec,
   // replicated set (no bits) first.
   std::map<std::uint8_t, double> squares;
   for (const auto& p : registry) {
+    // Parameters held by other stages live on other pp ranks (and a tied table on two): summing
+    // over pp, once each, is the pipeline's part, not built yet.
+    QUINTET_CHECK(p.placement.stages() == std::vector<int>{0},
+                  "global_gradient_norm: parameter '{}' is held by pipeline stages other than 0 "
+                  "alone; the norm over pipeline stages is not implemented yet",
+                  p.name);
     const mesh_axis_set sharded = p.placement.sharded_axes();
     QUINTET_CHECK(Plan::axes.contains_all(sharded),
                   "global_gradient_norm: parameter '{}' is sharded over {}, but the plan {} runs "

@@ -4,8 +4,6 @@
 
 namespace quintet::parallel {
 
-struct no_mesh {
-  static constexpr int tp_size() { return 1; }
-};
+struct no_mesh {};
 
 }  // namespace quintet::parallel

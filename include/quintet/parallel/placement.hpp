@@ -108,7 +108,8 @@ class placement {
       if (held_by_stage(stage)) out.push_back(stage);
     return out;
   }
-  // The stage that counts the parameter once when several hold it (the gradient norm, saving).
+  // The stage that is to count the parameter once when several hold it (the gradient norm over
+  // pp and checkpoints, with pipeline parallelism).
   constexpr int first_stage() const { return std::countr_zero(stages_); }
 
   // The shape a checkpoint or a comparison with the serial model sees: the stored global shape

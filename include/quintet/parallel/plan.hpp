@@ -13,9 +13,10 @@
 #pragma once
 
 #include <quintet/core/error.hpp>
-#include <quintet/mesh/device_mesh.hpp>
+#include <quintet/mesh/mesh_like.hpp>
 #include <quintet/mesh/mesh_axis.hpp>
 #include <quintet/mesh/mesh_layout.hpp>
+#include <quintet/parallel/mesh_for.hpp>
 #include <quintet/parallel/no_mesh.hpp>
 #include <quintet/parallel/placement.hpp>
 #include <quintet/parallel/policies.hpp>
@@ -23,7 +24,6 @@
 #include <quintet/parallel/strategy.hpp>
 
 #include <array>
-#include <concepts>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -31,9 +31,6 @@
 namespace quintet {
 
 namespace parallel {
-
-// The style of a strategy the plan does not use.
-struct none {};
 
 namespace detail {
 
@@ -150,11 +147,6 @@ struct plan {
 using serial_plan = plan<>;
 
 namespace parallel {
-
-// mesh_for<Mesh, Plan>: a mesh a model of Plan can run on — a device mesh, or no_mesh for the
-// serial plan alone (a tensor-parallel model without a mesh does not compile).
-template <class Mesh, class Plan>
-concept mesh_for = mesh_like<Mesh> || (Plan::is_serial && std::same_as<Mesh, no_mesh>);
 
 // What layers ask of a plan.
 template <class Plan>

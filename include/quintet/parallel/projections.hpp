@@ -21,11 +21,11 @@
 
 namespace quintet::parallel {
 
-// The sequence style the tensor-parallel linears take part in: megatron_sp shards the sequence on
-// the tp group, so the linears gather and scatter it; Ulysses and ring work on the sp axis and
-// leave the linears alone.
+// The sequence style the tensor-parallel linears take part in, as the plan's sequence style says:
+// megatron_sp shards the sequence on the tp group, so the linears gather and scatter it; Ulysses
+// and ring work on the sp axis and leave the linears alone (none).
 template <class Plan>
-using linear_sequence_style = std::conditional_t<shards_sequence_on_tp<Plan>, megatron_sp, none>;
+using linear_sequence_style = typename sequence_of<Plan>::linear_sequence;
 
 template <class T, class Device, class Plan, class Mesh>
 struct projections {

@@ -46,6 +46,9 @@ constexpr std::string_view policy_name(strategy s) {
   return "unknown";
 }
 
+// The style of a strategy a plan does not use.
+struct none {};
+
 // The model dimensions a style checks its degrees against when a model is built.
 struct model_dimensions {
   std::int64_t d_model = 0;

@@ -20,16 +20,13 @@
 #include <quintet/optim/gradient_norm.hpp>
 #include <quintet/optim/lr_schedule.hpp>
 #include <quintet/parallel/gradient_norm.hpp>
-#include <quintet/parallel/placement.hpp>
 #include <quintet/parallel/plan.hpp>
-#include <quintet/parallel/projections.hpp>
 #include <quintet/parallel/synchronize_gradients.hpp>
 #include <quintet/train/executor.hpp>
 
 #include <chrono>
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
 #include <vector>
 
 namespace quintet::train {
@@ -74,6 +71,14 @@ struct step_metrics {
 template <class T, class Source, class Plan = serial_plan, class Mesh = parallel::no_mesh>
 requires token_source<Source> && parallel::mesh_for<Mesh, Plan>
 class trainer {
+  // A style declared implemented that this loop does not run must not train serially in disguise.
+  static_assert(!Plan::template has<parallel::strategy::pipeline>,
+                "train::trainer runs the whole model on every rank: a plan with parallel::pp<...> "
+                "needs the pipeline executor");
+  static_assert(Plan::batch_split_axes.empty(),
+                "train::trainer gives every rank the whole global batch: a plan that splits the "
+                "batch over ranks (data parallelism) needs the data-parallel loop");
+
  public:
   // `mesh` is this rank's device mesh (null for the serial model); the model checks it against the
   // plan (plan::check: degrees only on axes the plan uses, dimensions that divide over them).

@@ -28,6 +28,7 @@ struct strategy_traits<megatron_sp> : style_traits_defaults, whole_sequence {
   static constexpr std::string_view name = "megatron_sp";
   static constexpr mesh_axis_set axes{mesh_axis::tp};
   static constexpr bool shards_activations_on_tp = true;
+  using linear_sequence = megatron_sp;
 
   static constexpr mesh_axis_set partial_gradient_axes(const placement& where) {
     return where.is_sharded(mesh_axis::tp) ? mesh_axis_set{} : mesh_axis_set{mesh_axis::tp};

@@ -3,7 +3,8 @@
 // (parallel::sequence_of<Plan>, in plan.hpp) these questions:
 //
 //   shards_activations_on_tp   the activations between the linears hold the tp group's sequence
-//                              block (megatron_sp), so the vocabulary ends scatter and gather
+//                              block (megatron_sp), so the vocabulary ends scatter and gather;
+//                              linear_sequence: the style the tensor-parallel linears then take
 //   input_layout(mesh, seq)    the rows of tokens and targets this rank embeds and scores
 //   activation_layout(...)     the rows the activations between blocks hold
 //   to_attention / from_attention   what attention does to q, k, v around its kernel (Ulysses
@@ -18,6 +19,7 @@
 #include <quintet/kernels/cross_entropy.hpp>
 #include <quintet/kernels/execution.hpp>
 #include <quintet/parallel/sequence/sequence_layout.hpp>
+#include <quintet/parallel/strategy.hpp>
 #include <quintet/tensor/tensor.hpp>
 
 #include <cstdint>
@@ -27,6 +29,8 @@ namespace quintet::parallel {
 
 struct whole_sequence {
   static constexpr bool shards_activations_on_tp = false;
+  // The sequence style the tensor-parallel linears take part in (column_linear, row_linear).
+  using linear_sequence = none;
   // Attention's output is the output projection's input as it stands (no exchange after it), so
   // the projection may refer to the tensor attention keeps instead of copying it.
   static constexpr bool attention_output_is_projection_input = true;

@@ -51,7 +51,7 @@ class row_linear {
         linear_(registry, exec, name, in_features, out_features,
                 sharded_options(name, in_features, options, tp.size())),
         bias_(options.bias ? &registry.add(name + ".bias", shape{out_features},
-                                           nn::initializer::constant(0.0), placement::replicated(),
+                                           nn::initializer::constant(0.0), options.bias_placement,
                                            nn::weight_decay::exempt)
                            : nullptr) {}
   row_linear(nn::parameter_registry<T, Device>&, const execution<Device>&&, Comm&,
