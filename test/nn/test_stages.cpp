@@ -99,12 +99,11 @@ run_result two_stage_run(bool tied, std::int64_t cut, bool split) {
   stage last(last_registry, exec, config, {cut, config.pieces(), 1, 2});
   const auto batch = batch_of(0);
   quintet::nn::context<host> first_ctx, last_ctx;
-  auto out_first = first.forward(first_ctx, {.tokens = batch.inputs.view(),
-                                             .targets = batch.targets.view()});
-  const auto out_last =
-      last.forward(last_ctx, {.tokens = batch.inputs.view(),
-                              .targets = batch.targets.view(),
-                              .activations = out_first.activations.view()});
+  auto out_first =
+      first.forward(first_ctx, {.tokens = batch.inputs.view(), .targets = batch.targets.view()});
+  const auto out_last = last.forward(last_ctx, {.tokens = batch.inputs.view(),
+                                                .targets = batch.targets.view(),
+                                                .activations = out_first.activations.view()});
   quintet::tensor<float, host> dx;
   if (split) {
     dx = last.backward_input(last_ctx, {.loss_scale = 0.25});
@@ -154,15 +153,13 @@ TEST_CASE("a GPT cut into two stages at every piece boundary is the serial GPT, 
         CHECK(staged.stages.at("final_norm.weight") == std::vector<int>{1});
         CHECK(staged.stages.at("embedding.token_weight") ==
               (tied ? std::vector<int>{0, 1} : std::vector<int>{0}));
-        CHECK(staged.stages.at("blocks.0.attn.qkv.weight") ==
-              std::vector<int>{cut > 1 ? 0 : 1});
+        CHECK(staged.stages.at("blocks.0.attn.qkv.weight") == std::vector<int>{cut > 1 ? 0 : 1});
       }
     }
   }
 }
 
-TEST_CASE("the input pass then the weight pass is the whole backward, bit for bit",
-          "[nn][stage]") {
+TEST_CASE("the input pass then the weight pass is the whole backward, bit for bit", "[nn][stage]") {
   for (const bool tied : {false, true}) {
     INFO("tied " << tied);
     const run_result whole = serial_run(tied, false, 2);
@@ -203,8 +200,9 @@ TEST_CASE("a stage refuses a bad cut and activations of the wrong shape", "[nn][
                       Catch::Contains("pieces [0, 6) are not a non-empty range"));
   REQUIRE_THROWS_WITH(stage(registry, exec, config, {0, 2, 2, 2}),
                       Catch::Contains("stage index 2 is outside [0, 2)"));
-  REQUIRE_THROWS_WITH(stage(registry, exec, config, {0, 2, 1, 2}),
-                      Catch::Contains("stage 1 of 2 holds the embedding (piece 0); the first stage"));
+  REQUIRE_THROWS_WITH(
+      stage(registry, exec, config, {0, 2, 1, 2}),
+      Catch::Contains("stage 1 of 2 holds the embedding (piece 0); the first stage"));
   REQUIRE_THROWS_WITH(stage(registry, exec, config, {2, 5, 1, 3}),
                       Catch::Contains("stage 1 of 3 holds the head (piece 4); the last stage"));
   REQUIRE_THROWS_WITH(stage(registry, exec, config, {2, 4, 1, 2}),

@@ -20,8 +20,7 @@ namespace quintet::test {
 using quintet::host;
 namespace par = quintet::parallel;
 using tp_plan = quintet::plan<par::tp<par::megatron_1d>>;
-using megatron_sp_plan =
-    quintet::plan<par::tp<par::megatron_1d>, par::sp<par::megatron_sp>>;
+using megatron_sp_plan = quintet::plan<par::tp<par::megatron_1d>, par::sp<par::megatron_sp>>;
 using ulysses_plan = quintet::plan<par::tp<par::megatron_1d>, par::sp<par::ulysses>>;
 using ring_plan = quintet::plan<par::sp<par::ring>, par::tp<par::megatron_1d>>;
 
@@ -102,7 +101,8 @@ run_result tensor_parallel_rank(Comm& world) {
 }
 
 // The shard a run holds of parameter `name`.
-inline const quintet::train::parity_shard& shard_of(const run_result& run, const std::string& name) {
+inline const quintet::train::parity_shard& shard_of(const run_result& run,
+                                                    const std::string& name) {
   for (const auto& shard : run.shards)
     if (shard.name == name) return shard;
   FAIL("no parameter " << name);
@@ -111,12 +111,18 @@ inline const quintet::train::parity_shard& shard_of(const run_result& run, const
 
 // Every step's loss (relative 1e-5) and every parameter shard (relative 1e-4, absolute 2e-6)
 // against the serial run's loss and the same slice of the serial parameter: the library's
-// verdict, with its report shown on failure.
-inline void require_matches_serial(const run_result& serial, const run_result& rank) {
-  const auto report = quintet::train::compare_with_serial(serial, {rank});
+// verdict, with its report shown on failure. With every rank given, every serial element must be
+// held by one; a process of mpirun judges its own rank alone.
+inline void require_matches_serial(const run_result& serial, const std::vector<run_result>& ranks,
+                                   quintet::train::parity_ranks given =
+                                       quintet::train::parity_ranks::all) {
+  const auto report = quintet::train::compare_with_serial(serial, ranks, {}, "the plan", given);
   INFO(report.summary());
-  REQUIRE(report.parameters.size() == serial.shards.size());
+  REQUIRE(report.parameters.size() == ranks.size() * serial.shards.size());
   REQUIRE(report.passed);
+}
+inline void require_rank_matches_serial(const run_result& serial, const run_result& rank) {
+  require_matches_serial(serial, {rank}, quintet::train::parity_ranks::some);
 }
 
 // A plan of degree 1 is the serial model: the same losses and parameters, bit for bit.

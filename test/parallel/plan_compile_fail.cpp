@@ -26,8 +26,8 @@ using bad = quintet::plan<parallel::pp<parallel::one_f_one_b>>;
 using bad = parallel::pp<parallel::ring>;
 #elif defined(PLAN_CASE_NO_MESH)
 // A tensor-parallel model needs a device mesh type; no_mesh is the serial model's.
-using bad = quintet::nn::gpt<float, quintet::host, quintet::plan<parallel::tp<parallel::megatron_1d>>,
-                             parallel::no_mesh>;
+using bad = quintet::nn::gpt<float, quintet::host,
+                             quintet::plan<parallel::tp<parallel::megatron_1d>>, parallel::no_mesh>;
 #endif
 
 int main() { return sizeof(bad) == 0; }

@@ -1,7 +1,7 @@
-// plan<Policies...>: order does not matter, a missing strategy has style `none`, the serial plan has
-// no parallel strategy, and the plan folds its styles' traits into the mesh axes it runs on, the
-// axes its batch is replicated over, the gradients it leaves partial and its checks of a mesh. The
-// rejections (duplicates, unknown policies, wrong styles, strategies not implemented yet, a
+// plan<Policies...>: order does not matter, a missing strategy has style `none`, the serial plan
+// has no parallel strategy, and the plan folds its styles' traits into the mesh axes it runs on,
+// the axes its batch is replicated over, the gradients it leaves partial and its checks of a mesh.
+// The rejections (duplicates, unknown policies, wrong styles, strategies not implemented yet, a
 // parallel model without a mesh) are compile errors, checked by the plan_rejects_* tests built from
 // plan_compile_fail.cpp.
 #include <catch2/catch.hpp>
@@ -14,10 +14,10 @@
 #include <type_traits>
 
 namespace parallel = quintet::parallel;
+using parallel::placement;
 using parallel::strategy;
 using quintet::mesh_axis;
 using quintet::mesh_axis_set;
-using parallel::placement;
 
 // A user's own styles: a pipeline schedule (the set pp<...> accepts is open) and a sequence style
 // that shards nothing, with traits of its own.
@@ -43,8 +43,8 @@ namespace {
 using tp_ring = quintet::plan<parallel::tp<parallel::megatron_1d>, parallel::sp<parallel::ring>>;
 using ring_tp = quintet::plan<parallel::sp<parallel::ring>, parallel::tp<parallel::megatron_1d>>;
 using tp_only = quintet::plan<parallel::tp<parallel::megatron_1d>>;
-using megatron_sp = quintet::plan<parallel::tp<parallel::megatron_1d>,
-                                  parallel::sp<parallel::megatron_sp>>;
+using megatron_sp =
+    quintet::plan<parallel::tp<parallel::megatron_1d>, parallel::sp<parallel::megatron_sp>>;
 using ulysses = quintet::plan<parallel::sp<parallel::ulysses>>;
 using mine = quintet::plan<parallel::sp<my_sequence_style>>;
 
@@ -113,15 +113,15 @@ TEST_CASE("a plan checks a mesh and the model's dimensions in one place", "[para
   CHECK_THROWS_WITH(tp_only::check({.tp = 2, .sp = 2}, model),
                     Catch::Contains("the mesh has sp = 2 but the plan has no policy on the sp axis "
                                     "(plan<tp<megatron_1d>>)"));
-  CHECK_THROWS_WITH(tp_ring::check({.dp = 2, .tp = 2}, model),
-                    Catch::Contains("the mesh has dp = 2 but the plan has no policy on the dp axis"));
+  CHECK_THROWS_WITH(
+      tp_ring::check({.dp = 2, .tp = 2}, model),
+      Catch::Contains("the mesh has dp = 2 but the plan has no policy on the dp axis"));
   CHECK_THROWS_WITH(megatron_sp::check({.tp = 2, .sp = 2}, model),
                     Catch::Contains("megatron_sp shards the sequence on tp and needs sp = 1"));
   CHECK_THROWS_WITH(tp_only::check({.tp = 3}, model),
                     Catch::Contains("tp<megatron_1d>: 8 heads do not divide over tp = 3"));
-  CHECK_THROWS_WITH(
-      ulysses::check({.tp = 1, .sp = 16}, model),
-      Catch::Contains("sp<ulysses>: 8 heads do not divide over tp x sp = 1 x 16"));
+  CHECK_THROWS_WITH(ulysses::check({.tp = 1, .sp = 16}, model),
+                    Catch::Contains("sp<ulysses>: 8 heads do not divide over tp x sp = 1 x 16"));
 }
 
 TEST_CASE("policies are recognised by their traits, and the pipeline set is open",

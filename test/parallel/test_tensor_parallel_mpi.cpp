@@ -16,7 +16,7 @@ TEST_CASE("tensor parallel GPT over MPI matches the serial GPT step by step", "[
   const run_result serial = serial_run();
   quintet::mpi_comm world(MPI_COMM_WORLD);
   INFO("rank " << world.rank() << " of " << world.size());
-  require_matches_serial(serial, tensor_parallel_rank(world));
+  require_rank_matches_serial(serial, tensor_parallel_rank(world));
 }
 
 TEST_CASE("sequence parallel GPTs over MPI match the serial GPT step by step",
@@ -30,15 +30,15 @@ TEST_CASE("sequence parallel GPTs over MPI match the serial GPT step by step",
   REQUIRE(tp_by_sp.tp * tp_by_sp.sp == world.size());
   {
     INFO("ring");
-    require_matches_serial(serial, parallel_rank<ring_plan>(world, tp_by_sp));
+    require_rank_matches_serial(serial, parallel_rank<ring_plan>(world, tp_by_sp));
   }
   {
     INFO("ulysses");
-    require_matches_serial(serial, parallel_rank<ulysses_plan>(world, tp_by_sp));
+    require_rank_matches_serial(serial, parallel_rank<ulysses_plan>(world, tp_by_sp));
   }
   {
     INFO("megatron_sp");
-    require_matches_serial(serial, parallel_rank<megatron_sp_plan>(world, {.tp = world.size()}));
+    require_rank_matches_serial(serial, parallel_rank<megatron_sp_plan>(world, {.tp = world.size()}));
   }
 }
 

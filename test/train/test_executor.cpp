@@ -44,7 +44,7 @@ std::vector<quintet::token_batch> batches() {
 }
 
 stage_type::input_type input_of(const quintet::token_batch& batch,
-                                 const stage_type::output_type* previous) {
+                                const stage_type::output_type* previous) {
   return {.tokens = batch.inputs.view(),
           .targets = batch.targets.view(),
           .activations = previous != nullptr
@@ -88,17 +88,20 @@ std::pair<std::vector<double>, grads> staged(const std::vector<step>& steps, boo
   stage_type s2(r2, exec, config, {3, config.pieces(), 2, 3});
   const auto data = batches();
   quintet::train::executor<stage_type> run({&s0, &s1, &s2});
-  const auto outputs = run.run(
-      steps, micro_batches,
-      {.input = [&](int, int m,
-                    const stage_type::output_type* previous) { return input_of(data[m], previous); },
-       .gradient =
-           [&](int, int, const stage_type::input_gradient_type* next) {
-             return stage_type::gradient_type{
-                 .activations = next != nullptr ? quintet::tensor_view<const float, host>(next->view())
-                                                : quintet::tensor_view<const float, host>(),
-                 .loss_scale = 0.5};
-           }});
+  const auto outputs =
+      run.run(steps, micro_batches,
+              {.input =
+                   [&](int, int m, const stage_type::output_type* previous) {
+                     return input_of(data[m], previous);
+                   },
+               .gradient =
+                   [&](int, int, const stage_type::input_gradient_type* next) {
+                     return stage_type::gradient_type{
+                         .activations = next != nullptr
+                                            ? quintet::tensor_view<const float, host>(next->view())
+                                            : quintet::tensor_view<const float, host>(),
+                         .loss_scale = 0.5};
+                   }});
   std::vector<double> losses;
   for (const auto& out : outputs) losses.push_back(out.loss.loss_sum);
   grads out;
@@ -132,7 +135,8 @@ step W(int s, int m) { return {step_kind::backward_weight, s, m}; }
 
 }  // namespace
 
-TEST_CASE("the trainer's step list: forward then backward of each micro-batch", "[train][executor]") {
+TEST_CASE("the trainer's step list: forward then backward of each micro-batch",
+          "[train][executor]") {
   CHECK(quintet::train::forward_backward_steps(2) ==
         std::vector<step>{F(0, 0), B(0, 0), F(0, 1), B(0, 1)});
   CHECK(quintet::train::forward_backward_steps(1, 2) ==
@@ -226,18 +230,17 @@ TEST_CASE("a refused step list runs nothing: no gradient changes", "[train][exec
   auto steps = quintet::train::forward_backward_steps(micro_batches, 3);
   steps.pop_back();  // micro-batch 2's first-stage backward
   int inputs = 0;
-  REQUIRE_THROWS_WITH(
-      run.run(steps, micro_batches,
-              {.input =
-                   [&](int, int m, const stage_type::output_type* previous) {
-                     ++inputs;
-                     return input_of(data[m], previous);
-                   },
-               .gradient =
-                   [&](int, int, const stage_type::input_gradient_type*) {
-                     return stage_type::gradient_type{.loss_scale = 1.0};
-                   }}),
-      Catch::Contains("leave stage 0 micro-batch 2 unfinished"));
+  REQUIRE_THROWS_WITH(run.run(steps, micro_batches,
+                              {.input =
+                                   [&](int, int m, const stage_type::output_type* previous) {
+                                     ++inputs;
+                                     return input_of(data[m], previous);
+                                   },
+                               .gradient =
+                                   [&](int, int, const stage_type::input_gradient_type*) {
+                                     return stage_type::gradient_type{.loss_scale = 1.0};
+                                   }}),
+                      Catch::Contains("leave stage 0 micro-batch 2 unfinished"));
   CHECK(inputs == 0);
   for (auto* registry : {&r0, &r1, &r2})
     for (auto& p : *registry)

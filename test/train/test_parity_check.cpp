@@ -18,13 +18,8 @@ namespace {
 const quintet::markov_source source({.vocab = 10, .order = 1, .successors = 3, .seed = 4});
 const quintet::nn::gpt_config model{
     .vocab = 10, .max_seq = 8, .layers = 1, .d_model = 16, .heads = 4, .mlp_hidden = 32};
-const quintet::train::training_options training{.steps = 3,
-                                                .batch = 4,
-                                                .seq = 8,
-                                                .lr = 1e-3,
-                                                .min_lr = 1e-3,
-                                                .warmup_steps = 0,
-                                                .seed = 9};
+const quintet::train::training_options training{
+    .steps = 3, .batch = 4, .seq = 8, .lr = 1e-3, .min_lr = 1e-3, .warmup_steps = 0, .seed = 9};
 using ring_tp = quintet::plan<par::tp<par::megatron_1d>, par::sp<par::ring>>;
 
 }  // namespace

@@ -93,7 +93,7 @@ class device_mesh {
   mesh_layout layout_;
   int world_rank_;
   mesh_coordinates coordinates_;
-  std::vector<Comm> groups_;                                // indexed by mesh_axis
+  std::vector<Comm> groups_;                                 // indexed by mesh_axis
   std::map<mesh_axis_set, std::unique_ptr<Comm>> products_;  // product groups made so far
 };
 

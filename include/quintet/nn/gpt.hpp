@@ -40,8 +40,7 @@ class gpt {
                                         tensor_view<const std::int32_t, Device> tokens,
                                         tensor_view<const std::int32_t, Device> targets,
                                         std::int32_t ignore_index = kernels::no_target) {
-    return stage_
-        .forward(ctx, {.tokens = tokens, .targets = targets, .ignore_index = ignore_index})
+    return stage_.forward(ctx, {.tokens = tokens, .targets = targets, .ignore_index = ignore_index})
         .loss;
   }
 

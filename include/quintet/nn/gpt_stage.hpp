@@ -131,8 +131,8 @@ class gpt_stage {
   gpt_stage(parameter_registry<T, Device>& registry, const execution<Device>& exec,
             const gpt_config& config, stage_cut cut, Mesh* mesh = nullptr)
       : exec_(exec),
-        config_((config.validate(), parallel::check_mesh<Plan>(mesh, dimensions_of(config)),
-                 config)),
+        config_(
+            (config.validate(), parallel::check_mesh<Plan>(mesh, dimensions_of(config)), config)),
         cut_(checked_cut(cut, config)),
         mesh_(mesh),
         shard_(parallel::vocab_shard_of(config.vocab, projections::tp_size(mesh), tp_rank(mesh))) {
@@ -171,8 +171,8 @@ class gpt_stage {
           registry, "embedding", config.vocab, config.d_model, config.init_stddev, mesh);
     mark_stages(registry, first_parameter);
   }
-  gpt_stage(parameter_registry<T, Device>&, const execution<Device>&&, const gpt_config&,
-            stage_cut, Mesh* = nullptr) = delete;
+  gpt_stage(parameter_registry<T, Device>&, const execution<Device>&&, const gpt_config&, stage_cut,
+            Mesh* = nullptr) = delete;
 
   output_type forward(context<Device>& ctx, const input_type& in) {
     // First, before any check that could stop some ranks only, while the others wait.
@@ -211,7 +211,8 @@ class gpt_stage {
         x = blocks_[next_block++]->forward(ctx, in.activations);
       }
     }
-    for (; next_block < blocks_.size(); ++next_block) x = blocks_[next_block]->forward(ctx, x.view());
+    for (; next_block < blocks_.size(); ++next_block)
+      x = blocks_[next_block]->forward(ctx, x.view());
     output_type out;
     if (holds_head()) {
       out.loss = head_forward(ctx, std::move(x), in.targets, input, in.ignore_index);
@@ -280,11 +281,11 @@ class gpt_stage {
   }
 
   static stage_cut checked_cut(stage_cut cut, const gpt_config& config) {
-    QUINTET_CHECK(0 <= cut.first_piece && cut.first_piece < cut.end_piece &&
-                      cut.end_piece <= config.pieces(),
-                  "gpt stage: pieces [{}, {}) are not a non-empty range of the model's {} pieces "
-                  "(embedding, {} blocks, head)",
-                  cut.first_piece, cut.end_piece, config.pieces(), config.layers);
+    QUINTET_CHECK(
+        0 <= cut.first_piece && cut.first_piece < cut.end_piece && cut.end_piece <= config.pieces(),
+        "gpt stage: pieces [{}, {}) are not a non-empty range of the model's {} pieces "
+        "(embedding, {} blocks, head)",
+        cut.first_piece, cut.end_piece, config.pieces(), config.layers);
     QUINTET_CHECK(0 <= cut.index && cut.index < cut.count,
                   "gpt stage: stage index {} is outside [0, {})", cut.index, cut.count);
     // The embedding is the first stage's and the head the last's: the placements that mark the
@@ -294,7 +295,8 @@ class gpt_stage {
                   cut.index, cut.count, cut.first_piece == 0 ? "holds" : "does not hold");
     QUINTET_CHECK((cut.end_piece == config.pieces()) == (cut.index == cut.count - 1),
                   "gpt stage: stage {} of {} {} the head (piece {}); the last stage holds it",
-                  cut.index, cut.count, cut.end_piece == config.pieces() ? "holds" : "does not hold",
+                  cut.index, cut.count,
+                  cut.end_piece == config.pieces() ? "holds" : "does not hold",
                   config.pieces() - 1);
     return cut;
   }
@@ -402,7 +404,8 @@ class gpt_stage {
     }
     quintet::tensor<T, Device> dx;  // (batch, rows, d)
     if (head_) {
-      dx = split ? head_->backward_input(ctx, dlogits.view()) : head_->backward(ctx, dlogits.view());
+      dx =
+          split ? head_->backward_input(ctx, dlogits.view()) : head_->backward(ctx, dlogits.view());
     } else {
       if (split) {
         copy(ctx.template save<T>("lm_head.output_grad", dlogits.shape()), dlogits);
@@ -449,7 +452,7 @@ class gpt_stage {
   std::optional<layer_norm<T, Device>> final_norm_;
   std::vector<std::unique_ptr<block_type>> blocks_;
   std::optional<typename projections::column> head_;  // only when the weights are not tied
-  parameter<T, Device>* tied_table_ = nullptr;         // the last stage's copy of the table
+  parameter<T, Device>* tied_table_ = nullptr;        // the last stage's copy of the table
 };
 
 static_assert(stage<gpt_stage<float, host>>);

@@ -127,9 +127,8 @@ class parameter_registry {
     const region local = where.local_region(global, position_);
     auto& storage = own_storage_.emplace_back(quintet::tensor<T, Device>(local.local_shape()),
                                               quintet::tensor<T, Device>(local.local_shape()));
-    parameter<T, Device>& p = parameters_.emplace_back(
-        parameter<T, Device>{std::move(name), global, where, local, storage.first.view(),
-                             storage.second.view(), decay});
+    parameter<T, Device>& p = parameters_.emplace_back(parameter<T, Device>{
+        std::move(name), global, where, local, storage.first.view(), storage.second.view(), decay});
     const rng_key key{.seed = seed_, .stream = rng_stream_for(p.name)};
     switch (init.type) {
       case initializer::kind::normal:

@@ -95,9 +95,8 @@ class adamw {
       if (state.whole) {
         kernels::adamw_update(exec_, p.value, p.grad, state.m, state.v, hp, steps_, grad_scale);
       } else if (state.range.size() > 0) {
-        kernels::adamw_update(exec_, range_of(p.value, state.range),
-                              range_of(p.grad, state.range), state.m, state.v, hp, steps_,
-                              grad_scale);
+        kernels::adamw_update(exec_, range_of(p.value, state.range), range_of(p.grad, state.range),
+                              state.m, state.v, hp, steps_, grad_scale);
       }
     }
   }

@@ -1,5 +1,6 @@
-// The communication at the two vocabulary-parallel ends of the model, chosen by the plan (Megatron-LM calls such functions mappings). Layers in nn/ call these instead of a
-// collective, so one layer source serves every plan:
+// The communication at the two vocabulary-parallel ends of the model, chosen by the plan
+// (Megatron-LM calls such functions mappings). Layers in nn/ call these instead of a collective, so
+// one layer source serves every plan:
 //
 //   complete_partial_rows   (b, s, h) partial sums of a vocabulary-parallel lookup or product:
 //                           none (no tp) | all-reduce over tp | reduce-scatter to this rank's

@@ -11,6 +11,6 @@
 namespace quintet::parallel {
 
 template <class Mesh, class Plan>
-concept mesh_for = mesh_like<Mesh> || (Plan::is_serial && std::same_as<Mesh, no_mesh>);
+concept mesh_for = mesh_like<Mesh> ||(Plan::is_serial&& std::same_as<Mesh, no_mesh>);
 
 }  // namespace quintet::parallel

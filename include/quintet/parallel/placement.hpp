@@ -113,7 +113,8 @@ class placement {
   constexpr int first_stage() const { return std::countr_zero(stages_); }
 
   // The shape a checkpoint or a comparison with the serial model sees: the stored global shape
-  // cut to `logical` (rows of a padded vocabulary dropped). Every extent must fit in the stored one.
+  // cut to `logical` (rows of a padded vocabulary dropped). Every extent must fit in the stored
+  // one.
   placement with_logical_shape(const shape& logical) const {
     placement out = *this;
     out.logical_ = logical;

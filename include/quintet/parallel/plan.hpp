@@ -2,8 +2,8 @@
 // not parallel (degree 1, its code compiled away). The plan folds its styles' strategy traits
 // (strategy.hpp) into what the rest of the library asks:
 //
-//   using my_plan = quintet::plan<parallel::tp<parallel::megatron_1d>, parallel::sp<parallel::ring>>;
-//   my_plan::has<strategy::tensor>               -> true
+//   using my_plan = quintet::plan<parallel::tp<parallel::megatron_1d>,
+//   parallel::sp<parallel::ring>>; my_plan::has<strategy::tensor>               -> true
 //   my_plan::style<strategy::data>               -> parallel::none
 //   my_plan::axes                                -> {tp, sp}: the mesh axes it runs on
 //   my_plan::batch_replicated_axes               -> {tp, sp}: ranks there share the micro-batch
@@ -13,9 +13,9 @@
 #pragma once
 
 #include <quintet/core/error.hpp>
-#include <quintet/mesh/mesh_like.hpp>
 #include <quintet/mesh/mesh_axis.hpp>
 #include <quintet/mesh/mesh_layout.hpp>
+#include <quintet/mesh/mesh_like.hpp>
 #include <quintet/parallel/mesh_for.hpp>
 #include <quintet/parallel/no_mesh.hpp>
 #include <quintet/parallel/placement.hpp>
@@ -88,8 +88,8 @@ struct plan {
                 "quintet::plan: duplicate policy: two parallel::pp<...>");
   static_assert((parallel::detail::implemented_policy<Policies>::ok && ...));
   // Each style's static requirements on the rest of the plan (sp<megatron_sp> needs tp<...>).
-  static_assert(
-      ((sizeof(typename Policies::traits::template check_composition<Policies...>) > 0) && ...));
+  static_assert(((sizeof(typename Policies::traits::template check_composition<Policies...>) > 0) &&
+                 ...));
 
   // The style the plan gives strategy S, or parallel::none.
   template <parallel::strategy S>

@@ -4,7 +4,7 @@
 //
 //   dp<zero<S>>        data parallelism, ZeRO stage S              (not implemented yet)
 //   tp<megatron_1d>    tensor parallelism                          parallel/tensor/megatron_1d.hpp
-//   sp<megatron_sp>    sequence parallelism on the tp group        parallel/sequence/megatron_sp.hpp
+//   sp<megatron_sp>    sequence parallelism on the tp group parallel/sequence/megatron_sp.hpp
 //   sp<ulysses>        all-to-all over heads on the sp axis        parallel/sequence/ulysses.hpp
 //   sp<ring>           ring attention on the sp axis               parallel/sequence/ring.hpp
 //   ep<top_k<K>>       expert parallelism                          (not implemented yet)

@@ -61,9 +61,8 @@ void check_replicated_batch(Mesh* mesh, tensor_view<const std::int32_t, Device> 
   if constexpr (!Plan::batch_replicated_axes.empty()) {
     const std::int64_t hash = detail::batch_hash(
         targets, static_cast<std::uint64_t>(detail::batch_hash(tokens, 14695981039346656037ull)));
-    Plan::batch_replicated_axes.for_each([&](mesh_axis axis) {
-      detail::require_same_hash(mesh->axis(axis), hash, name_of(axis));
-    });
+    Plan::batch_replicated_axes.for_each(
+        [&](mesh_axis axis) { detail::require_same_hash(mesh->axis(axis), hash, name_of(axis)); });
   }
 }
 

@@ -74,8 +74,8 @@ struct style_traits_defaults {
 
 // parallel_style<S>: S has complete strategy traits.
 template <class Style>
-concept parallel_style =
-    requires(const placement& where, const mesh_degrees& degrees, const model_dimensions& model) {
+concept parallel_style = requires(const placement& where, const mesh_degrees& degrees,
+                                  const model_dimensions& model) {
   { strategy_traits<Style>::kind } -> std::convertible_to<strategy>;
   { strategy_traits<Style>::name } -> std::convertible_to<std::string_view>;
   { strategy_traits<Style>::implemented } -> std::convertible_to<bool>;

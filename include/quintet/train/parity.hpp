@@ -76,9 +76,10 @@ struct parity_run {
 struct parameter_difference {
   int rank = 0;
   std::string name;
-  std::int64_t compared = 0;      // elements inside the logical shape
-  double worst_absolute = 0.0;    // max |parallel - serial|
-  double worst_relative = 0.0;    // max |parallel - serial| / |serial| over elements not within margin
+  std::int64_t compared = 0;    // elements inside the logical shape
+  double worst_absolute = 0.0;  // max |parallel - serial|
+  double worst_relative =
+      0.0;  // max |parallel - serial| / |serial| over elements not within margin
   bool within = true;
 };
 
@@ -111,8 +112,9 @@ struct parity_report {
       if (worst == nullptr || p.worst_absolute > worst->worst_absolute) worst = &p;
       if (!p.within) {
         ++outside;
-        out += detail::format_message("  OUTSIDE rank {} {}: worst absolute {:.3e}, relative {:.3e}\n",
-                                      p.rank, p.name, p.worst_absolute, p.worst_relative);
+        out +=
+            detail::format_message("  OUTSIDE rank {} {}: worst absolute {:.3e}, relative {:.3e}\n",
+                                   p.rank, p.name, p.worst_absolute, p.worst_relative);
       }
     }
     for (const auto& name : uncovered)
@@ -197,8 +199,8 @@ inline parameter_difference compare_shard(const parity_shard& shard, const parit
     }
     const double difference = std::abs(actual - expected);
     out.worst_absolute = std::max(out.worst_absolute, difference);
-    const double relative = expected == 0.0 ? std::numeric_limits<double>::infinity()
-                                            : difference / std::abs(expected);
+    const double relative =
+        expected == 0.0 ? std::numeric_limits<double>::infinity() : difference / std::abs(expected);
     if (difference > tolerance.parameter_absolute) {
       out.worst_relative = std::max(out.worst_relative, relative);
       if (relative > tolerance.parameter_relative) out.within = false;
@@ -209,11 +211,16 @@ inline parameter_difference compare_shard(const parity_shard& shard, const parit
 
 }  // namespace detail
 
-// Every rank's run against the serial run.
+// Whether `ranks` are every rank of the run (then every serial element must be held by one of
+// them), or only some (a process of mpirun judging its own rank).
+enum class parity_ranks : std::uint8_t { all, some };
+
+// The given ranks' runs against the serial run.
 inline parity_report compare_with_serial(const parity_run& serial,
                                          const std::vector<parity_run>& ranks,
                                          const parity_tolerance& tolerance = {},
-                                         std::string plan = "the plan") {
+                                         std::string plan = "the plan",
+                                         parity_ranks given = parity_ranks::all) {
   parity_report report;
   report.plan = std::move(plan);
   report.tolerance = tolerance;
@@ -257,6 +264,7 @@ inline parity_report compare_with_serial(const parity_run& serial,
   // Every logical element of every serial parameter must be held by some rank: a wrong
   // rank -> block mapping would otherwise leave elements uncompared.
   for (const auto& shard : serial.shards) {
+    if (given == parity_ranks::some) break;
     const std::vector<char>& held = covered[shard.name];
     bool complete = true;
     shape::index_array index{};
@@ -285,8 +293,8 @@ parity_report check_parity(const Source& source, const nn::gpt_config& model,
                            const training_options& training, mesh_degrees degrees,
                            const parity_tolerance& tolerance = {}) {
   const execution<host> exec(1);  // one thread everywhere: the ranks are the parallelism
-  const parity_run serial =
-      parity_rank<T, serial_plan, Source, parallel::no_mesh>(source, model, training, exec, nullptr);
+  const parity_run serial = parity_rank<T, serial_plan, Source, parallel::no_mesh>(
+      source, model, training, exec, nullptr);
   const int world = degrees.dp * degrees.pp * degrees.tp * degrees.sp;
   std::vector<parity_run> ranks(static_cast<std::size_t>(world));
   thread_world{world}.run([&](thread_comm& comm) {

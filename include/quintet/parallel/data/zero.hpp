@@ -24,9 +24,7 @@ struct strategy_traits<zero<Stage>> : style_traits_defaults {
   static constexpr bool implemented = false;
   static constexpr mesh_axis_set axes{mesh_axis::dp};
   static constexpr mesh_axis_set batch_split_axes{mesh_axis::dp};
-  static constexpr mesh_axis_set partial_gradient_axes(const placement&) {
-    return {mesh_axis::dp};
-  }
+  static constexpr mesh_axis_set partial_gradient_axes(const placement&) { return {mesh_axis::dp}; }
 };
 
 }  // namespace quintet::parallel

@@ -1,7 +1,8 @@
-// megatron_sp: Megatron sequence parallelism (Korthikanti et al. 2022), a style of parallel::sp<...>
-// that runs on the tensor-parallel group. Between the tensor-parallel linears (layer norms,
-// dropout, residuals) each tp rank holds its block of the sequence; the column linear gathers it,
-// the row linear reduce-scatters back to it, so the per-rank activations there are 1/tp.
+// megatron_sp: Megatron sequence parallelism (Korthikanti et al. 2022), a style of
+// parallel::sp<...> that runs on the tensor-parallel group. Between the tensor-parallel linears
+// (layer norms, dropout, residuals) each tp rank holds its block of the sequence; the column linear
+// gathers it, the row linear reduce-scatters back to it, so the per-rank activations there are
+// 1/tp.
 //
 //   tp = 2, seq 8:   rank 0 holds positions 0..3 between the linears, rank 1 positions 4..7;
 //                    inside attention and the MLP both hold all 8 (their heads / hidden units)
@@ -34,10 +35,11 @@ struct strategy_traits<megatron_sp> : style_traits_defaults, whole_sequence {
     return where.is_sharded(mesh_axis::tp) ? mesh_axis_set{} : mesh_axis_set{mesh_axis::tp};
   }
   static void check(const mesh_degrees& degrees, const model_dimensions&) {
-    QUINTET_CHECK(degrees.sp == 1,
-                  "the mesh has sp = {}, but megatron_sp shards the sequence on tp and needs sp = 1 "
-                  "(sp<ulysses> and sp<ring> use an sp axis)",
-                  degrees.sp);
+    QUINTET_CHECK(
+        degrees.sp == 1,
+        "the mesh has sp = {}, but megatron_sp shards the sequence on tp and needs sp = 1 "
+        "(sp<ulysses> and sp<ring> use an sp axis)",
+        degrees.sp);
   }
   template <class... Policies>
   struct check_composition {

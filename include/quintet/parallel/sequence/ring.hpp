@@ -27,9 +27,7 @@ struct strategy_traits<ring> : style_traits_defaults, whole_sequence {
   static constexpr std::string_view name = "ring";
   static constexpr mesh_axis_set axes{mesh_axis::sp};
 
-  static constexpr mesh_axis_set partial_gradient_axes(const placement&) {
-    return {mesh_axis::sp};
-  }
+  static constexpr mesh_axis_set partial_gradient_axes(const placement&) { return {mesh_axis::sp}; }
 
   template <class Mesh>
   static sequence_layout input_layout(Mesh* mesh, std::int64_t seq) {
@@ -41,8 +39,7 @@ struct strategy_traits<ring> : style_traits_defaults, whole_sequence {
   }
 
   template <class Mesh, class Device, class... Operands>
-  static void attention_forward(const execution<Device>& exec, Mesh* mesh,
-                                Operands&&... operands) {
+  static void attention_forward(const execution<Device>& exec, Mesh* mesh, Operands&&... operands) {
     ring_attention_forward(exec, mesh->sp(), std::forward<Operands>(operands)...);
   }
   template <class Mesh, class Device, class... Operands>

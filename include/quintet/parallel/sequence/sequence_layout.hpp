@@ -1,6 +1,7 @@
 // sequence_layout: which positions of a micro-batch's sequence this rank's rows hold, as runs of
-// consecutive positions (the sequence styles of parallel/sequence/ say which layout they use). The GPT embeds, positions and scores its rows by
-// it; every rank is given the whole global batch and takes its rows with take_rows.
+// consecutive positions (the sequence styles of parallel/sequence/ say which layout they use).
+// The GPT embeds, positions and scores its rows by it; every rank is given the whole global batch
+// and takes its rows with take_rows.
 //
 //   seq 8, 2 ranks     contiguous (megatron_sp, ulysses)     zig-zag (ring: 2 x sp chunks)
 //     rank 0           positions 0 1 2 3                      positions 0 1 | 6 7

@@ -29,9 +29,7 @@ struct strategy_traits<ulysses> : style_traits_defaults, whole_sequence {
   static constexpr mesh_axis_set axes{mesh_axis::sp};
   static constexpr bool attention_output_is_projection_input = false;
 
-  static constexpr mesh_axis_set partial_gradient_axes(const placement&) {
-    return {mesh_axis::sp};
-  }
+  static constexpr mesh_axis_set partial_gradient_axes(const placement&) { return {mesh_axis::sp}; }
   static void check(const mesh_degrees& degrees, const model_dimensions& model) {
     QUINTET_CHECK(model.heads % (degrees.tp * degrees.sp) == 0,
                   "sp<ulysses>: {} heads do not divide over tp x sp = {} x {} (Ulysses gives each "
