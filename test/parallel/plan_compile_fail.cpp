@@ -22,6 +22,20 @@ using bad = parallel::dp<parallel::zero<4>>;
 using bad = quintet::plan<parallel::dp<parallel::zero<3>>>;
 #elif defined(PLAN_CASE_PIPELINE_NOT_IMPLEMENTED)
 using bad = quintet::plan<parallel::pp<parallel::one_f_one_b>>;
+#elif defined(PLAN_CASE_EXPERT_NOT_IMPLEMENTED)
+using bad = quintet::plan<parallel::ep<parallel::top_k<2>>>;
+#elif defined(PLAN_CASE_USER_SCHEDULE_NOT_RUN)
+// A user's schedule generates lists but, like the built-ins, cannot run until the executor does.
+struct my_schedule {
+  static parallel::pipeline::schedule generate(const parallel::pipeline::schedule_shape& shape) {
+    return parallel::pipeline::generate_gpipe(shape);
+  }
+};
+template <>
+struct quintet::parallel::strategy_traits<my_schedule> : parallel::pipeline_traits_defaults {
+  static constexpr std::string_view name = "my_schedule";
+};
+using bad = quintet::plan<parallel::pp<my_schedule>>;
 #elif defined(PLAN_CASE_NOT_A_SCHEDULE)
 using bad = parallel::pp<parallel::ring>;
 #elif defined(PLAN_CASE_NO_MESH)

@@ -21,13 +21,18 @@ using quintet::mesh_axis_set;
 
 // A user's own styles: a pipeline schedule (the set pp<...> accepts is open) and a sequence style
 // that shards nothing, with traits of its own.
-struct my_schedule {};
+struct my_schedule {
+  // What a schedule generates: one action list per rank (here 1F1B's, verbatim).
+  static quintet::parallel::pipeline::schedule generate(
+      const quintet::parallel::pipeline::schedule_shape& shape) {
+    return quintet::parallel::pipeline::generate_one_f_one_b(shape);
+  }
+};
 struct my_sequence_style {};
 
 template <>
 struct quintet::parallel::strategy_traits<my_schedule> : parallel::pipeline_traits_defaults {
   static constexpr std::string_view name = "my_schedule";
-  static constexpr bool implemented = false;
 };
 template <>
 struct quintet::parallel::strategy_traits<my_sequence_style> : parallel::style_traits_defaults,
@@ -130,6 +135,8 @@ TEST_CASE("policies are recognised by their traits, and the pipeline set is open
   STATIC_REQUIRE(parallel::strategy_policy_type<parallel::pp<parallel::gpipe>>);
   STATIC_REQUIRE(parallel::strategy_policy_type<parallel::pp<my_schedule>>);
   STATIC_REQUIRE(parallel::pipeline_schedule<my_schedule>);
+  // Until pipelines run, a schedule is not implemented unless it says otherwise.
+  STATIC_REQUIRE(!parallel::strategy_traits<my_schedule>::implemented);
   STATIC_REQUIRE(!parallel::pipeline_schedule<my_sequence_style>);
   STATIC_REQUIRE(!parallel::pipeline_schedule<int>);
   STATIC_REQUIRE(!parallel::strategy_policy_type<parallel::ring>);

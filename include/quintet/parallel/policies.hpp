@@ -8,7 +8,9 @@
 //   sp<ulysses>        all-to-all over heads on the sp axis        parallel/sequence/ulysses.hpp
 //   sp<ring>           ring attention on the sp axis               parallel/sequence/ring.hpp
 //   ep<top_k<K>>       expert parallelism                          (not implemented yet)
-//   pp<Schedule>       any pipeline_schedule                       (not implemented yet)
+//   pp<Schedule>       any pipeline_schedule: gpipe, one_f_one_b,  parallel/pipeline/ (generated,
+//                      interleaved<V>, zb_h1, zb_h2, zb_v,         verified, simulated; not run
+//                      bpipe<Base>, or the user's own              yet)
 // A style is any type with strategy_traits (parallel/strategy.hpp) of the policy's strategy, so
 // the set is open: a new style is one header beside its strategy's others.
 #pragma once
@@ -64,7 +66,8 @@ template <class Schedule>
 struct pp : strategy_policy<strategy::pipeline, Schedule> {
   static_assert(pipeline_schedule<Schedule>,
                 "parallel::pp<Schedule>: Schedule must satisfy parallel::pipeline_schedule (a type "
-                "whose strategy_traits say kind = strategy::pipeline)");
+                "whose strategy_traits say kind = strategy::pipeline, with a static "
+                "generate(pipeline::schedule_shape) returning a pipeline::schedule)");
 };
 
 // strategy_policy_type: one of the five policies above (with any valid style).
