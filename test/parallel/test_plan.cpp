@@ -146,6 +146,9 @@ TEST_CASE("policies are recognised by their traits, and the pipeline set is open
   STATIC_REQUIRE(!parallel::is_style_of<strategy::tensor, parallel::ulysses>);
   STATIC_REQUIRE(!parallel::is_style_of<strategy::tensor, int>);
   STATIC_REQUIRE(parallel::strategy_traits<parallel::zero<3>>::kind == strategy::data);
+  CHECK(parallel::style_name<parallel::zero<3>>() == "zero<3>");
+  CHECK(parallel::style_name<parallel::top_k<2>>() == "top_k<2>");
+  CHECK(parallel::style_name<parallel::ring>() == "ring");
   STATIC_REQUIRE(!parallel::strategy_traits<parallel::zero<3>>::implemented);
 }
 

@@ -135,7 +135,7 @@ struct plan {
     } else {
       std::string out = "plan<";
       ((out += std::string(parallel::policy_name(Policies::kind)) + "<" +
-               std::string(Policies::traits::name) + ">, "),
+               parallel::style_name<typename Policies::style>() + ">, "),
        ...);
       out.resize(out.size() - 2);
       return out + ">";

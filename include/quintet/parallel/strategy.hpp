@@ -4,7 +4,8 @@
 // gradient norm and the batch check ask the plan, never which style it is.
 //
 //   kind                      the strategy it belongs to (which policy, dp<> .. pp<>, takes it)
-//   name                      how messages and reports spell it ("megatron_1d")
+//   name                      how messages and reports spell it ("megatron_1d"; a template's
+//                             parameters() adds its arguments: "zero" "<1>")
 //   implemented               false: a plan naming it is a compile error, not a silent serial run
 //   axes                      the mesh axes it runs on; a mesh degree > 1 on an axis no style uses
 //                             is refused
@@ -23,6 +24,7 @@
 
 #include <concepts>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 namespace quintet::parallel {
@@ -84,6 +86,16 @@ concept parallel_style = requires(const placement& where, const mesh_degrees& de
   { strategy_traits<Style>::partial_gradient_axes(where) } -> std::same_as<mesh_axis_set>;
   strategy_traits<Style>::check(degrees, model);
 };
+
+// How reports and messages name a style: its traits' name, and its template arguments where the
+// traits give them (parameters(): "<1>" for zero<1>), so dp<zero<1>> and dp<zero<3>> differ.
+template <class Style>
+std::string style_name() {
+  std::string out(strategy_traits<Style>::name);
+  if constexpr (requires { strategy_traits<Style>::parameters(); })
+    out += strategy_traits<Style>::parameters();
+  return out;
+}
 
 // Whether Style is a style of strategy S (false for a type that is no style at all).
 template <strategy S, class Style>

@@ -2,11 +2,17 @@
 // parameters sharded), the style of parallel::dp<...>. Not implemented yet: a plan naming it
 // does not compile (issue: data parallelism with ZeRO). What it will be is stated here already —
 // each dp rank trains on its own rows of the batch and leaves every gradient partial over dp.
+//
+//   dp = 2, batch 8:   rank 0 rows 0..3, rank 1 rows 4..7; each a whole model replica
+//   zero<1>: optimizer state of a flat bucket split   [ rank 0 | rank 1 ]  (flat_sharding)
+//   zero<2>: + gradients reduce-scattered to the same ranges
+//   zero<3>: + parameters themselves, gathered per layer before use
 #pragma once
 
 #include <quintet/mesh/mesh_axis.hpp>
 #include <quintet/parallel/strategy.hpp>
 
+#include <string>
 #include <string_view>
 
 namespace quintet::parallel {
@@ -22,6 +28,7 @@ struct strategy_traits<zero<Stage>> : style_traits_defaults {
   static constexpr strategy kind = strategy::data;
   static constexpr std::string_view name = "zero";
   static constexpr bool implemented = false;
+  static std::string parameters() { return "<" + std::to_string(Stage) + ">"; }
   static constexpr mesh_axis_set axes{mesh_axis::dp};
   static constexpr mesh_axis_set batch_split_axes{mesh_axis::dp};
   static constexpr mesh_axis_set partial_gradient_axes(const placement&) { return {mesh_axis::dp}; }
