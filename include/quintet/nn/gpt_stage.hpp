@@ -402,6 +402,13 @@ class gpt_stage {
       kernels::cross_entropy_backward(exec_, logits, targets, lse, dlogits, loss_scale,
                                       ignore_index);
     }
+    if (split) {
+      // The weight pass needs dlogits, not what made them: a zero-bubble schedule holds the
+      // context between the passes, so the (batch, rows, vocab / tp) logits go now.
+      ctx.erase("lm_head.logits");
+      ctx.erase("lm_head.targets");
+      ctx.erase("lm_head.lse");
+    }
     quintet::tensor<T, Device> dx;  // (batch, rows, d)
     if (head_) {
       dx =
