@@ -11,8 +11,11 @@
 //
 // Costs (--costs F,B,W) are per device stage: forward, input-gradient pass and weight-gradient
 // pass (a whole backward is B + W); a schedule with v chunks per rank gives each chunk 1/v of
-// them. Peak activations are in device stages' worth of contexts (1F1B's rank 0 holds p); p2p
-// volume and contexts moved in activations' worth (one micro-batch's output of a stage).
+// them, and --f-and-b the time of DualPipeV's overlapped pair likewise (default: the sum of its
+// halves). Peak activations are in device stages' worth of contexts (1F1B's rank 0 holds p); p2p
+// volume and contexts moved in activations' worth (one micro-batch's output of a stage). With
+// --schedule all, a schedule that does not run the shape (dualpipe-v below m = 2p) gets a row
+// saying why.
 #include <quintet/parallel/pipeline/catalog.hpp>
 #include <quintet/parallel/pipeline/chrome_trace.hpp>
 #include <quintet/parallel/pipeline/svg_timeline.hpp>
@@ -22,6 +25,7 @@
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -38,6 +42,7 @@ struct program_options {
   int micro_batches = 8;
   int virtual_stages = 2;
   std::vector<double> costs{1, 1, 1};  // F, B (input pass), W (weight pass) per device stage
+  double f_and_b = 0;                  // an overlapped pair per device stage; 0: F + B + W
   double p2p_latency = 0;
   double context_latency = 0;
   std::string trace_path, svg_path, csv_path, schedule_csv_path;
@@ -70,6 +75,16 @@ published formula_of(const std::string& name, const program_options& o) {
     return {"(p-1)(F+B-2W)", idle / (m * (f + b + w) + idle), true};
   }
   if (name == "zb-v") return {"~0", 0, true};
+  if (name == "dualpipe-v") {
+    // DeepSeek's (PP/2-1)(F&B+B-3W) with PP = 2p stages, in a chunk's times (half a device
+    // stage's); the busy time is that of the ranks with the most pairs (p-2 and p-1: 2m-2p-1),
+    // the most idle when a pair takes less than its halves.
+    const double fc = f / 2, bc = (b + w) / 2, wc = w / 2;
+    const double pair = o.f_and_b > 0 ? o.f_and_b / 2 : fc + bc;
+    const double idle = (p - 1) * (pair + bc - 3 * wc);
+    const double busy = m * (f + b + w) - std::max(0.0, 2 * m - 2 * p - 1) * (fc + bc - pair);
+    return {"(p-1)(F&B+B-3W)", idle / (busy + idle)};
+  }
   return {"-", 0};
 }
 
@@ -123,6 +138,10 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->expected(3)
       ->capture_default_str();
+  app.add_option("--f-and-b", o.f_and_b,
+                 "time of an overlapped forward and backward (dualpipe-v), per device stage; 0: "
+                 "F + B + W, the sum of its halves")
+      ->capture_default_str();
   app.add_option("--p2p-latency", o.p2p_latency, "time of a transfer between stages")
       ->capture_default_str();
   app.add_option("--context-latency", o.context_latency, "time of an EVICT or RELOAD")
@@ -139,17 +158,25 @@ int main(int argc, char** argv) {
   try {
     // --schedule-csv alone shows the file's schedule; with --schedule, both.
     std::vector<entry> entries;
+    std::vector<std::string> refused;  // (with all) schedules that do not run this shape, and why
+    const pipeline::schedule_shape shape{o.pp, o.micro_batches};
     const bool builtins = o.schedule_csv_path.empty() || app.count("--schedule") > 0;
     if (builtins && o.schedule == "all") {
       for (const pipeline::schedule_info& info : pipeline::builtin_schedules) {
-        entries.push_back({std::string(info.name), 0, {}});
+        if (pipeline::accepts(info, shape)) {
+          entries.push_back({std::string(info.name), 0, {}});
+        } else {
+          refused.push_back(fmt::format("{:<12} needs m >= {}p = {}", info.name,
+                                        info.micro_batches_per_rank,
+                                        info.micro_batches_per_rank * o.pp));
+        }
       }
     } else if (builtins) {
       entries.push_back({o.schedule, 0, {}});
     }
     for (entry& e : entries) {
       e.chunks = pipeline::chunks_per_rank(e.name, o.virtual_stages);
-      e.lists = pipeline::generate(e.name, {o.pp, o.micro_batches}, o.virtual_stages);
+      e.lists = pipeline::generate(e.name, shape, o.virtual_stages);
     }
     if (!o.schedule_csv_path.empty()) {
       std::ifstream in(o.schedule_csv_path, std::ios::binary);
@@ -164,6 +191,7 @@ int main(int argc, char** argv) {
     device.forward = o.costs[0];
     device.backward_input = o.costs[1];
     device.backward_weight = o.costs[2];
+    device.forward_and_backward = o.f_and_b;
 
     fmt::print(
         "pipeline schedules: p = {}, m = {}, F,B,W = {},{},{}; bubble = idle share of the "
@@ -209,6 +237,7 @@ int main(int argc, char** argv) {
         write_file(path_for(o.csv_path, e.name, several), pipeline::to_csv(e.lists, o.with_comms));
       }
     }
+    for (const std::string& why : refused) fmt::print("{}\n", why);
     fmt::print(
         "\n* compare with in-span: the zero-bubble figures assume the optimizer step is "
         "validated after the fact, so steps overlap\n");

@@ -1,7 +1,8 @@
 // Pipeline schedules as data, part 2: the generators against the published formulas
 // (../shared/REFERENCES.md) through the simulator — bubble fractions and peak activations of
-// GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZB-H2, ZB-V and BPipe — the styles as types (the
-// pipeline_schedule concept, a user's own schedule, bad input), and the outputs: trace, SVG, grid.
+// GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZB-H2, ZB-V, DualPipeV and BPipe — the styles as types (the
+// pipeline_schedule concept, a user's own schedule, names with parameters, bad input), and the
+// outputs: trace, SVG, grid.
 #include <catch2/catch.hpp>
 
 #include <quintet/parallel/pipeline/catalog.hpp>
@@ -17,6 +18,7 @@
 
 namespace parallel = quintet::parallel;
 namespace pipeline = quintet::parallel::pipeline;
+using pipeline::action_kind;
 
 namespace {
 
@@ -56,6 +58,7 @@ TEST_CASE("schedule styles are types that generate their lists", "[pipeline][sty
   STATIC_REQUIRE(parallel::pipeline_schedule<parallel::zb_h1>);
   STATIC_REQUIRE(parallel::pipeline_schedule<parallel::zb_h2>);
   STATIC_REQUIRE(parallel::pipeline_schedule<parallel::zb_v>);
+  STATIC_REQUIRE(parallel::pipeline_schedule<parallel::dualpipe_v>);
   STATIC_REQUIRE(parallel::pipeline_schedule<parallel::bpipe<>>);
   STATIC_REQUIRE(parallel::pipeline_schedule<parallel::bpipe<parallel::zb_h1>>);
   STATIC_REQUIRE(parallel::pipeline_schedule<reversed_one_f_one_b>);
@@ -64,6 +67,13 @@ TEST_CASE("schedule styles are types that generate their lists", "[pipeline][sty
   STATIC_REQUIRE(!parallel::pipeline_schedule<parallel::ring>);
   // Generated, verified and simulated, but not executed yet: a plan naming one must not compile.
   STATIC_REQUIRE(!parallel::strategy_traits<parallel::zb_v>::implemented);
+  STATIC_REQUIRE(!parallel::strategy_traits<parallel::dualpipe_v>::implemented);
+  STATIC_REQUIRE(parallel::strategy_traits<parallel::dualpipe_v>::kind ==
+                 parallel::strategy::pipeline);
+  STATIC_REQUIRE(parallel::strategy_traits<parallel::dualpipe_v>::axes ==
+                 quintet::mesh_axis_set{quintet::mesh_axis::pp});
+  STATIC_REQUIRE(parallel::strategy_traits<parallel::dualpipe_v>::name == "dualpipe_v");
+  STATIC_REQUIRE(parallel::strategy_policy_type<parallel::pp<parallel::dualpipe_v>>);
   STATIC_REQUIRE(!parallel::strategy_traits<parallel::bpipe<>>::implemented);
   STATIC_REQUIRE(parallel::strategy_traits<parallel::interleaved<4>>::axes ==
                  quintet::mesh_axis_set{quintet::mesh_axis::pp});
@@ -74,6 +84,20 @@ TEST_CASE("schedule styles are types that generate their lists", "[pipeline][sty
   CHECK(parallel::interleaved<4>::generate({2, 4}).stages() == 8);
   CHECK(parallel::bpipe<>::generate({8, 8}).name == "bpipe(1f1b)");
   CHECK(pipeline::verify(parallel::bpipe<parallel::zb_h1>::generate({8, 16})).ok);
+  CHECK(parallel::dualpipe_v::generate({4, 8}).stage_to_rank == pipeline::v_stage_map(4));
+}
+
+TEST_CASE("styles with template parameters name them in reports", "[pipeline][style]") {
+  CHECK(parallel::strategy_traits<parallel::interleaved<2>>::parameters() == "<2>");
+  CHECK(parallel::strategy_traits<parallel::interleaved<4>>::parameters() == "<4>");
+  CHECK(parallel::strategy_traits<parallel::bpipe<>>::parameters() == "<one_f_one_b>");
+  CHECK(parallel::strategy_traits<parallel::bpipe<parallel::zb_h1>>::parameters() == "<zb_h1>");
+  // The base's own parameters come along: bpipe over interleaved<2> (refused when generated,
+  // one stage per rank, but still a type to name).
+  CHECK(parallel::style_name<parallel::bpipe<parallel::interleaved<2>>>() ==
+        "bpipe<interleaved<2>>");
+  CHECK(parallel::style_name<parallel::interleaved<3>>() == "interleaved<3>");
+  CHECK(parallel::style_name<parallel::dualpipe_v>() == "dualpipe_v");
 }
 
 TEST_CASE("GPipe and 1F1B: bubble (p-1)/(m+p-1) and 1F1B holds the lesser of p-i and m on stage i",
@@ -191,6 +215,73 @@ TEST_CASE("ZB-V: no bubble inside any rank's span at 1F1B's peak of p for twice 
   }
 }
 
+TEST_CASE("DualPipeV: idle (PP/2-1)(F&B + B - 3W) and PP+1 chunk contexts with PP = 2p stages",
+          "[pipeline][formula]") {
+  // DeepSeek's table counts PP stages on PP/2 devices for DualPipeV, and times per chunk (one
+  // stage): F, B (a whole backward), W, and F&B (a forward overlapped with another chunk's whole
+  // backward). With PP = 2p on p ranks the bubble is (p-1)(F&B + B - 3W) on every rank, exactly
+  // when the input pass takes as long as the forward (I = F, the papers' setting) and a pair
+  // costs the sum of its halves (the default). Any p: DualPipe's "p even" is PP = 2p's.
+  for (const int p : {2, 3, 4, 5, 8}) {
+    for (const int m : {2 * p, 2 * p + 1, 4 * p}) {
+      const pipeline::schedule s = pipeline::generate_dualpipe_v({p, m});
+      for (int r = 0; r < p; ++r) CHECK(s.stages_on(r) == std::vector<int>{r, 2 * p - 1 - r});
+      for (const double w : {1.0, 0.5}) {
+        CAPTURE(p, m, w);
+        pipeline::cost_model costs;  // per chunk: F = I = 1, W = w, B = 1 + w
+        costs.stages[0].backward_weight = w;
+        const double f = 1, b = 1 + w, pair = f + b;
+        const pipeline::simulation sim = pipeline::simulate(s, costs);
+        const double formula = (p - 1) * (pair + b - 3 * w);
+        CHECK(sim.makespan == Approx(2 * m * (f + b) + formula));
+        for (int r = 0; r < p; ++r) {
+          CHECK(idle(sim, r) == Approx(formula));
+          // PP+1 = 2p+1 chunk contexts on every rank: 2p held, one more while a pair runs.
+          CHECK(sim.peak_contexts[static_cast<std::size_t>(r)] == 2 * p + 1);
+        }
+        CHECK(sim.p2p_messages == 2 * (2 * p - 2) * m);  // as ZB-V: twice 1F1B's
+      }
+      // The paper's setting F = B = W per device stage, halved per chunk: p + 1/2 device stages'
+      // worth of contexts (PP+1 halves) and idle p-1, ZB-H1's figure.
+      const pipeline::simulation device = run(s, 2);
+      for (int r = 0; r < p; ++r) {
+        CHECK(device.peak_bytes[static_cast<std::size_t>(r)] == Approx(p + 0.5));
+        CHECK(idle(device, r) == Approx(p - 1));
+      }
+      // A pair that takes less than its halves (F&B from max(F, B), perfect overlap, up to
+      // F + B): ranks with more pairs save more; the formula is the most idle rank's figure, the
+      // last two ranks' (2m-2p-1 pairs each).
+      for (const double pair : {2.0, 2.5, 3.0}) {
+        CAPTURE(p, m, pair);
+        pipeline::cost_model costs;
+        costs.stages[0].forward_and_backward = pair;  // F = I = W = 1, B = 2
+        const pipeline::simulation sim = pipeline::simulate(s, costs);
+        CHECK(sim.max_idle() == Approx((p - 1) * (pair + 2 - 3)));
+        CHECK(idle(sim, p - 1) == Approx(sim.max_idle()));
+        CHECK(sim.busy[static_cast<std::size_t>(p - 1)] ==
+              Approx(6 * m - (2 * m - 2 * p - 1) * (3 - pair)));
+      }
+    }
+  }
+  // With I != F the formula is DeepSeek's model, not this schedule's exact idle: at p = 4, F = 1,
+  // I = 2, W = 1 (B = 3, F&B = 4) every rank idles 11 where (p-1)(F&B + B - 3W) says 12.
+  pipeline::cost_model slow_input;
+  slow_input.stages[0].backward_input = 2;
+  const pipeline::simulation sim =
+      pipeline::simulate(pipeline::generate_dualpipe_v({4, 8}), slow_input);
+  for (int r = 0; r < 4; ++r) CHECK(idle(sim, r) == Approx(11));
+  // With I < F it idles (p-1)(F - I) more: F = 2, I = 1, W = 1 (B = 2, F&B = 4).
+  for (const int p : {2, 4, 8}) {
+    pipeline::cost_model slow_forward;
+    slow_forward.stages[0].forward = 2;
+    const pipeline::simulation timed =
+        pipeline::simulate(pipeline::generate_dualpipe_v({p, 2 * p}), slow_forward);
+    for (int r = 0; r < p; ++r) {
+      CHECK(idle(timed, r) == Approx((p - 1) * (4 + 2 - 3 * 1) + (p - 1) * (2 - 1)));
+    }
+  }
+}
+
 TEST_CASE("BPipe: each rank near ceil((p+1)/2) contexts at 1F1B's makespan when transfers hide",
           "[pipeline][formula]") {
   for (const int p : {2, 4, 6, 8}) {
@@ -258,18 +349,67 @@ TEST_CASE("the simulator: latency on the critical path and implicit transfers an
                     Catch::Contains("4 stage entries for 2 stages"));
 }
 
+TEST_CASE("the simulator: an overlapped pair costs F&B, waits for both inputs, gives both outputs",
+          "[pipeline][simulator]") {
+  // Two ranks, one stage each: rank 1 overlaps the forward of micro-batch 1 with the backward of
+  // micro-batch 0 (1F1B's steady state as one action).
+  const pipeline::schedule s = pipeline::add_transfers(
+      pipeline::parse_csv("0F0,0F1,0B0,0B1\n1F0,(1F1;1B0)OVERLAP_F_B,1B1\n", {.name = "pairs"}));
+  REQUIRE(pipeline::verify(s).ok);
+  pipeline::cost_model costs;  // F = 1, B = I + W = 2
+  const auto pair_on = [](const pipeline::simulation& sim) {
+    for (const pipeline::timed_action& t : sim.timeline[1]) {
+      if (t.what.kind == action_kind::overlap_f_b) return t;
+    }
+    FAIL("no pair");
+    return pipeline::timed_action{};
+  };
+  // Default: the sum of its halves, F + B = 3, from when 0F1's output is there (t = 2).
+  pipeline::simulation sim = pipeline::simulate(s, costs);
+  CHECK(pair_on(sim).start == Approx(2));
+  CHECK(pair_on(sim).end == Approx(5));
+  CHECK(sim.busy[1] == Approx(1 + 3 + 2));
+  // Given: the pair's time (here perfect overlap, max(F, B) = 2); 0B0 waits for the pair's end.
+  costs.stages[0].forward_and_backward = 2;
+  sim = pipeline::simulate(s, costs);
+  CHECK(pair_on(sim).end == Approx(4));
+  // Memory: the forward's context is taken at the pair's start, the backward's freed at its end.
+  CHECK(sim.peak_contexts[1] == 2);
+  // A compute-only order moves the same data at the same times.
+  CHECK(pipeline::simulate(pipeline::compute_only(s), costs).makespan == Approx(sim.makespan));
+  // Split per chunk: the given F&B of a device stage is cut like its other times.
+  pipeline::stage_costs device;
+  device.forward_and_backward = 3;
+  CHECK(device.divided(2).forward_and_backward == Approx(1.5));
+}
+
 TEST_CASE("bad input is refused with a reason", "[pipeline][style]") {
   CHECK_THROWS_WITH(pipeline::generate_one_f_one_b({4, 0}),
                     Catch::Contains("1f1b: 0 micro-batches, need at least 1"));
   CHECK_THROWS_WITH(pipeline::generate_gpipe({0, 4}), Catch::Contains("0 ranks"));
   CHECK_THROWS_WITH(pipeline::generate_interleaved({4, 8}, 1),
                     Catch::Contains("1 chunks per rank, need at least 2"));
-  CHECK_THROWS_WITH(pipeline::generate("dualpipe-v", {4, 8}),
-                    Catch::Contains("dualpipe-v is not implemented yet"));
+  // DualPipeV: m >= 2p (DeepSeek's and PyTorch's rule); any p, even or odd (its PP = 2p).
+  CHECK_THROWS_WITH(pipeline::generate("dualpipe-v", {4, 7}),
+                    Catch::Contains("dualpipe-v: needs m >= 2p micro-batches") &&
+                        Catch::Contains("got m = 7 for p = 4 (2p = 8)"));
+  CHECK_THROWS_WITH(parallel::dualpipe_v::generate({1, 1}), Catch::Contains("needs m >= 2p"));
+  CHECK(!pipeline::accepts(pipeline::find_schedule("dualpipe-v"), {4, 7}));
+  CHECK(pipeline::accepts(pipeline::find_schedule("dualpipe-v"), {4, 8}));
+  CHECK(pipeline::verify(pipeline::generate("dualpipe-v", {3, 6})).ok);
+  CHECK(pipeline::verify(pipeline::generate("dualpipe-v", {1, 2})).ok);
   CHECK_THROWS_WITH(pipeline::generate("pipedream", {4, 8}),
                     Catch::Contains("no schedule named 'pipedream' (known: gpipe, 1f1b"));
   CHECK_THROWS_WITH(pipeline::generate_bpipe(pipeline::generate_zb_v({4, 8})),
                     Catch::Contains("needs one stage per rank; base 'zb-v' has 8 stages on 4"));
+  CHECK_THROWS_WITH(parallel::bpipe<parallel::dualpipe_v>::generate({4, 8}),
+                    Catch::Contains("base 'dualpipe-v' has 8 stages on 4"));
+  // One stage per rank but overlapped computes: bpipe moves single computes' contexts only.
+  const pipeline::schedule paired =
+      pipeline::parse_csv("0F0,0F1,(0F2;0B0)OVERLAP_F_B,0B1,0B2\n1F0,1B0,1F1,1B1,1F2,1B2\n");
+  REQUIRE(pipeline::verify(paired).ok);
+  CHECK_THROWS_WITH(pipeline::generate_bpipe(paired),
+                    Catch::Contains("overlaps computes ((0F2;0B0)OVERLAP_F_B on rank 0)"));
   // The model must fill the chunks: V that does not divide the layers, V schedules likewise.
   const parallel::model_dimensions model{
       .d_model = 64, .heads = 8, .hidden = 256, .vocab = 100, .layers = 12};
@@ -279,6 +419,10 @@ TEST_CASE("bad input is refused with a reason", "[pipeline][style]") {
                                     "chunks = 4 x 2 = 8 equal stages"));
   CHECK_THROWS_WITH(parallel::strategy_traits<parallel::zb_v>::check({.pp = 4}, model),
                     Catch::Contains("pp<zb_v>: 12 layers do not divide"));
+  CHECK_THROWS_WITH(parallel::strategy_traits<parallel::dualpipe_v>::check({.pp = 4}, model),
+                    Catch::Contains("pp<dualpipe_v>: 12 layers do not divide into pp x chunks = "
+                                    "4 x 2 = 8 equal stages"));
+  CHECK_NOTHROW(parallel::strategy_traits<parallel::dualpipe_v>::check({.pp = 3}, model));
   CHECK_THROWS_WITH(parallel::strategy_traits<parallel::one_f_one_b>::check({.pp = 16}, model),
                     Catch::Contains("12 layers cannot fill pp = 16 stages"));
   // m < p: a correct schedule with its larger bubble (not a hang).
@@ -320,6 +464,21 @@ TEST_CASE("outputs: a text grid and a Chrome trace with flows from send to recei
   CHECK_THAT(svg, Catch::EndsWith("</svg>\n"));
   CHECK_THAT(svg, Catch::Contains(">rank 3</text>"));
   CHECK_THAT(svg, Catch::Contains("<title>2B1 ["));
+  // DualPipeV's pairs: "F3&b1" in the grid (its forward, '&', its backward), a slice named by
+  // both halves in the trace, a two-coloured box in the SVG.
+  const pipeline::schedule dual = pipeline::generate_dualpipe_v({2, 4});
+  const pipeline::simulation dual_sim = pipeline::simulate(dual);
+  CHECK(pipeline::text_grid(dual, dual_sim) ==
+        "rank 0  F0 F1 F2 f0 i0 w0 f1 F3&b1 -  .  f2&B0 -  b2 -  .  f3&B1 -  b3 -  I2 W2 I3 W3\n"
+        "rank 1  .  F0 f0 F1 f1 F2 b0 -  f2&B0 -  F3&b1 -  f3&B1 -  b2 -  B2 -  .  i3 I3 w3 W3\n");
+  const std::string dual_trace = pipeline::chrome_trace(dual, dual_sim);
+  CHECK_THAT(dual_trace, Catch::Contains(R"({"name":"F mb3 s0 & B mb1 s3","cat":"OVERLAP_F_B")"));
+  CHECK_THAT(dual_trace, Catch::Contains(R"("args":{"action":"(0F3;3B1)OVERLAP_F_B"})"));
+  const std::string dual_svg = pipeline::svg_timeline(dual, dual_sim);
+  CHECK_THAT(dual_svg, Catch::Contains("<title>(0F3;3B1)OVERLAP_F_B [7.00, 10.00]</title>"));
+  CHECK_THAT(dual_svg, Catch::Contains(">3&amp;1</text>"));
+  CHECK_THAT(dual_svg, Catch::Contains(">F&amp;B</text>"));
+
   const std::string bp = pipeline::svg_timeline(
       pipeline::generate_bpipe(pipeline::schedule_shape{8, 12}),
       pipeline::simulate(pipeline::generate_bpipe(pipeline::schedule_shape{8, 12})));

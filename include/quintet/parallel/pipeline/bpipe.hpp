@@ -56,6 +56,14 @@ inline schedule generate_bpipe(const schedule& base) {
     QUINTET_CHECK(order.rank_of(s) == s, "pipeline bpipe: base '{}' puts stage {} on rank {}",
                   order.name, s, order.rank_of(s));
   }
+  for (int r = 0; r < p; ++r) {
+    for (const action& a : order.on(r)) {
+      QUINTET_CHECK(a.kind != action_kind::overlap_f_b,
+                    "pipeline bpipe: base '{}' overlaps computes ({} on rank {}); bpipe moves the "
+                    "contexts of single F, B, I and W actions only",
+                    order.name, to_string(a), r);
+    }
+  }
   const simulation timed = simulate(order, unit_costs());
   transfer_plan plan = stage_transfers(order, timed);
   const std::vector<int> first = event_offsets(order);
@@ -152,6 +160,8 @@ template <class Base>
 struct strategy_traits<bpipe<Base>> : pipeline_traits_defaults {
   static constexpr std::string_view name = "bpipe";
   static constexpr bool implemented = false;  // generated, verified, simulated; not executed yet
+  // Reports name the base: "bpipe<one_f_one_b>", "bpipe<interleaved<2>>".
+  static std::string parameters() { return "<" + style_name<Base>() + ">"; }
   static void check(const mesh_degrees& degrees, const model_dimensions& model) {
     strategy_traits<Base>::check(degrees, model);
   }

@@ -1,6 +1,7 @@
 // chrome_trace: a simulated schedule as a Chrome / Perfetto trace (JSON; open it in
 // ui.perfetto.dev or chrome://tracing). One process per rank ("rank 2") with three tracks:
-// compute — one slice per action, named like "F mb3 s1" (kind, micro-batch, stage) — and the
+// compute — one slice per action, named like "F mb3 s1" (kind, micro-batch, stage; an overlapped
+// pair "F mb3 s0 & B mb1 s7", category OVERLAP_F_B) — and the
 // sends and receives, each transfer a slice on both sides joined by a flow arrow from the send
 // to its receive. A time unit of the cost model is written as one millisecond by default.
 #pragma once
@@ -49,8 +50,11 @@ inline std::string number(double value) {
   return text;
 }
 
-// "F mb3 s1": how a slice is named.
+// "F mb3 s1": how a slice is named; an overlapped pair "F mb3 s0 & B mb1 s7".
 inline std::string slice_name(const action& a) {
+  if (a.kind == action_kind::overlap_f_b) {
+    return slice_name(forward_half(a)) + " & " + slice_name(backward_half(a));
+  }
   return std::string(text_of(a.kind)) + " mb" + std::to_string(a.micro_batch) + " s" +
          std::to_string(a.stage);
 }

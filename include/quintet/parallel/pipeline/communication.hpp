@@ -2,6 +2,9 @@
 // stage map alone — one pair per activation and per gradient that crosses ranks, none between
 // consecutive stages on the same rank.
 //
+// An overlapped pair (OVERLAP_F_B) is one compute with two outputs, each sent as its half's would
+// be, and two inputs, each received before it.
+//
 // Where they go. The compute order is first timed with unit costs (simulator.hpp). Then all
 // actions of all ranks are put in one global sequence, each rank's list being that sequence seen
 // from the rank: a compute at the time it ends, a send/receive pair at the time its data appears
@@ -87,35 +90,38 @@ inline transfer_plan stage_transfers(const schedule& compute, const simulation& 
     const auto& list = compute.on(r);
     for (std::size_t i = 0; i < list.size(); ++i) {
       const int e = first[static_cast<std::size_t>(r)] + static_cast<int>(i);
-      if (list[i].kind == action_kind::forward)
-        forward_at[key(list[i].stage, list[i].micro_batch)] = e;
-      if (is_input_backward(list[i].kind)) backward_at[key(list[i].stage, list[i].micro_batch)] = e;
+      for (const action& h : halves(list[i])) {  // both halves of an overlapped pair
+        if (h.kind == action_kind::forward) forward_at[key(h.stage, h.micro_batch)] = e;
+        if (is_input_backward(h.kind)) backward_at[key(h.stage, h.micro_batch)] = e;
+      }
     }
   }
   transfer_plan plan;
   for (int r = 0; r < compute.ranks(); ++r) {
     const auto& list = compute.on(r);
     for (std::size_t i = 0; i < list.size(); ++i) {
-      const action& a = list[i];
       const int e = first[static_cast<std::size_t>(r)] + static_cast<int>(i);
       const double done = timed.timeline[static_cast<std::size_t>(r)][i].end;
-      if (a.kind == action_kind::forward && a.stage + 1 < compute.stages() &&
-          compute.rank_of(a.stage + 1) != r) {
-        const int to = compute.rank_of(a.stage + 1);
-        plan.add({done,
-                  r,
-                  {action_kind::send_forward, a.stage, a.micro_batch, to},
-                  to,
-                  {action_kind::recv_forward, a.stage + 1, a.micro_batch, r}},
-                 e, forward_at[key(a.stage + 1, a.micro_batch)]);
-      } else if (is_input_backward(a.kind) && a.stage > 0 && compute.rank_of(a.stage - 1) != r) {
-        const int to = compute.rank_of(a.stage - 1);
-        plan.add({done,
-                  r,
-                  {action_kind::send_backward, a.stage, a.micro_batch, to},
-                  to,
-                  {action_kind::recv_backward, a.stage - 1, a.micro_batch, r}},
-                 e, backward_at[key(a.stage - 1, a.micro_batch)]);
+      // An overlapped pair's outputs both appear at its end: its forward's, then its backward's.
+      for (const action& a : halves(list[i])) {
+        if (a.kind == action_kind::forward && a.stage + 1 < compute.stages() &&
+            compute.rank_of(a.stage + 1) != r) {
+          const int to = compute.rank_of(a.stage + 1);
+          plan.add({done,
+                    r,
+                    {action_kind::send_forward, a.stage, a.micro_batch, to},
+                    to,
+                    {action_kind::recv_forward, a.stage + 1, a.micro_batch, r}},
+                   e, forward_at[key(a.stage + 1, a.micro_batch)]);
+        } else if (is_input_backward(a.kind) && a.stage > 0 && compute.rank_of(a.stage - 1) != r) {
+          const int to = compute.rank_of(a.stage - 1);
+          plan.add({done,
+                    r,
+                    {action_kind::send_backward, a.stage, a.micro_batch, to},
+                    to,
+                    {action_kind::recv_backward, a.stage - 1, a.micro_batch, r}},
+                   e, backward_at[key(a.stage - 1, a.micro_batch)]);
+        }
       }
     }
   }
@@ -179,7 +185,9 @@ inline schedule weave(const schedule& compute, const simulation& timed, const tr
     const int r = rank_of_event(e);
     const auto i = static_cast<std::size_t>(e - first[static_cast<std::size_t>(r)]);
     const action& a = compute.on(r)[i];
-    const int along = a.kind == action_kind::forward ? a.stage : 2 * stages - 1 - a.stage;
+    const int along = a.kind == action_kind::forward || a.kind == action_kind::overlap_f_b
+                          ? a.stage
+                          : 2 * stages - 1 - a.stage;
     return {timed.timeline[static_cast<std::size_t>(r)][i].end,
             feeds[static_cast<std::size_t>(e)] ? 1 : 2, along, e};
   };

@@ -22,6 +22,7 @@
 #include <quintet/parallel/pipeline/schedule_style.hpp>
 
 #include <algorithm>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -92,6 +93,8 @@ template <int V>
 struct strategy_traits<interleaved<V>> : pipeline_traits_defaults {
   static constexpr std::string_view name = "interleaved";
   static constexpr bool implemented = false;  // generated, verified, simulated; not executed yet
+  // Reports name the chunks per rank: "interleaved<2>".
+  static std::string parameters() { return "<" + std::to_string(V) + ">"; }
   static void check(const mesh_degrees& degrees, const model_dimensions& model) {
     pipeline::detail::check_layers("interleaved<V>", degrees, model, V, true);
   }

@@ -9,10 +9,12 @@
 //   interleaved<V>    interleaved   V       interleaved.hpp
 //   zb_h1, zb_h2      zb-h1, zb-h2  1       zero_bubble.hpp
 //   zb_v              zb-v          2       zb_v.hpp
+//   dualpipe_v        dualpipe-v    2       dualpipe_v.hpp
 //   bpipe<Base>       bpipe         1       bpipe.hpp
 #pragma once
 
 #include <quintet/parallel/pipeline/bpipe.hpp>
+#include <quintet/parallel/pipeline/dualpipe_v.hpp>
 #include <quintet/parallel/pipeline/gpipe.hpp>
 #include <quintet/parallel/pipeline/interleaved.hpp>
 #include <quintet/parallel/pipeline/one_f_one_b.hpp>

@@ -6,7 +6,8 @@
 //
 //   stage -> rank maps, p = 4 ranks:
 //     looped, v = 2 chunks   stages 0 1 2 3 | 4 5 6 7  on ranks 0 1 2 3 | 0 1 2 3  (interleaved)
-//     v shape, 2 chunks      stages 0 1 2 3 | 4 5 6 7  on ranks 0 1 2 3 | 3 2 1 0  (ZB-V)
+//     v shape, 2 chunks      stages 0 1 2 3 | 4 5 6 7  on ranks 0 1 2 3 | 3 2 1 0  (ZB-V,
+//     DualPipeV)
 #pragma once
 
 #include <quintet/core/error.hpp>
@@ -189,7 +190,9 @@ inline void fill_mapped_peers(schedule& s) {
 inline int infer_micro_batches(const schedule& s) {
   int most = -1;
   for (const auto& list : s.actions) {
-    for (const action& a : list) most = std::max(most, a.micro_batch);
+    for (const action& a : list) {
+      for (const action& half : halves(a)) most = std::max(most, half.micro_batch);
+    }
   }
   return most + 1;
 }
@@ -232,30 +235,33 @@ inline schedule parse_csv(std::string_view text, const csv_options& options = {}
                           "'" + cell + "' moves a context and must name its partner rank, as in " +
                               to_string(a, false) + "@1");
       }
-      if (!inferred) {
-        if (a.stage >= static_cast<int>(options.stage_to_rank.size())) {
-          throw parse_error(row, rows[r][i].column,
-                            "'" + cell + "' names stage " + std::to_string(a.stage) +
-                                ", but the stage map has " +
-                                std::to_string(options.stage_to_rank.size()) + " stages");
+      // Each half of an overlapped pair names its own stage.
+      for (const action& half : halves(a)) {
+        if (!inferred) {
+          if (half.stage >= static_cast<int>(options.stage_to_rank.size())) {
+            throw parse_error(row, rows[r][i].column,
+                              "'" + cell + "' names stage " + std::to_string(half.stage) +
+                                  ", but the stage map has " +
+                                  std::to_string(options.stage_to_rank.size()) + " stages");
+          }
+          continue;
         }
-        continue;
-      }
-      if (!is_compute(a.kind)) continue;
-      const auto stage = static_cast<std::size_t>(a.stage);
-      if (stage >= owner.size()) {
-        owner.resize(stage + 1, -1);
-        first_row.resize(stage + 1, 0);
-      }
-      if (owner[stage] == -1) {
-        owner[stage] = static_cast<int>(r);
-        first_row[stage] = row;
-      } else if (owner[stage] != static_cast<int>(r)) {
-        throw parse_error(row, rows[r][i].column,
-                          "stage " + std::to_string(a.stage) + " is computed by rank " +
-                              std::to_string(owner[stage]) + " (row " +
-                              std::to_string(first_row[stage]) + ") and by rank " +
-                              std::to_string(r) + "; a stage lives on one rank");
+        if (!is_compute(half.kind)) continue;
+        const auto stage = static_cast<std::size_t>(half.stage);
+        if (stage >= owner.size()) {
+          owner.resize(stage + 1, -1);
+          first_row.resize(stage + 1, 0);
+        }
+        if (owner[stage] == -1) {
+          owner[stage] = static_cast<int>(r);
+          first_row[stage] = row;
+        } else if (owner[stage] != static_cast<int>(r)) {
+          throw parse_error(row, rows[r][i].column,
+                            "stage " + std::to_string(half.stage) + " is computed by rank " +
+                                std::to_string(owner[stage]) + " (row " +
+                                std::to_string(first_row[stage]) + ") and by rank " +
+                                std::to_string(r) + "; a stage lives on one rank");
+        }
       }
     }
   }

@@ -10,10 +10,21 @@
 //                the data waits for it
 //   EVICT ...    likewise on the context link: the owner's memory is freed when its context has
 //                left, the partner's is taken when the transfer starts (its receive buffer)
+//   OVERLAP_F_B  one compute: starts when the rank is free and the inputs of both halves are
+//                there, lasts the pair's F&B time (below), and both outputs appear at its end
 // A compute-only schedule (no SEND/RECV listed) moves data implicitly: a transfer starts when the
 // data is produced. Memory: a forward takes its context's bytes when it starts; the input pass
 // (I) gives back what the weight pass does not need; the weight pass or a whole backward (B) gives
-// back the rest when it ends. A context counts until its last backward pass ends.
+// back the rest when it ends. A context counts until its last backward pass ends; an overlapped
+// pair takes its forward's context at its start and frees its backward's at its end.
+//
+// F&B, the time of an overlapped pair (DeepSeek's "execution time of two mutually overlapped
+// forward and backward chunks"), is stage_costs::forward_and_backward of the forward's stage
+// when given, and by default the sum of its halves, F + B. Why the sum: what DualPipe overlaps
+// is one chunk's communication (expert all-to-all, pipeline p2p) with the other chunk's compute;
+// the two computes share the device, so without communication inside a chunk (this model has
+// none) the pair takes F + B. Give the measured pair time — max(F, B) is perfect overlap — to
+// model a chunk whose communication the pair hides.
 //
 // The schedule must be valid (verifier.hpp); one that cannot run stops with an error naming where.
 #pragma once
@@ -39,6 +50,8 @@ struct stage_costs {
   double context_bytes = 1;   // what a forward keeps for the backward (activation memory)
   double weight_bytes = -1;   // what the input pass leaves for the weight pass; < 0: all of it
   double boundary_bytes = 1;  // the stage's output (and its gradient), sent to the next stage
+  // F&B: an OVERLAP_F_B whose forward half runs on this stage; 0: its halves' F + B (see above).
+  double forward_and_backward = 0;
 
   double whole_backward() const {
     return backward > 0 ? backward : backward_input + backward_weight;
@@ -48,9 +61,9 @@ struct stage_costs {
   // The same stage cut into `parts` equal pieces (a device's layers over v chunks).
   stage_costs divided(int parts) const {
     const double n = parts;
-    return {forward / n,   backward_input / n, backward_weight / n,
-            backward / n,  context_bytes / n,  weight_bytes < 0 ? -1 : weight_bytes / n,
-            boundary_bytes};
+    return {forward / n,    backward_input / n,      backward_weight / n,
+            backward / n,   context_bytes / n,       weight_bytes < 0 ? -1 : weight_bytes / n,
+            boundary_bytes, forward_and_backward / n};
   }
 };
 
@@ -236,11 +249,85 @@ class simulator {
     return found == away_.end() ? 0 : found->second;
   }
 
+  // When (stage s, micro-batch k)'s forward on rank r has its input; unknown while it has not.
+  double forward_ready(int r, int s, int k) const {
+    if (s == 0) return 0;
+    const double produced = f_end_[key(s - 1, k)];
+    if (s_.rank_of(s - 1) == r) return produced;
+    if (explicit_) return in_arrival_[key(s, k)];
+    if (produced == unknown) return unknown;
+    return produced + boundary_time(s - 1);
+  }
+
+  // When (s, k)'s backward (B or I) on rank r has its context and its output gradient.
+  double backward_ready(int r, int s, int k) const {
+    const double forward_done = f_end_[key(s, k)];
+    const double back = context_ready(s, k);
+    if (forward_done == unknown || back == unknown) return unknown;
+    double ready = std::max(forward_done, back);
+    if (s + 1 < stages_) {
+      const double produced = i_end_[key(s + 1, k)];
+      double gradient = unknown;
+      if (s_.rank_of(s + 1) == r) {
+        gradient = produced;
+      } else if (explicit_) {
+        gradient = grad_arrival_[key(s, k)];
+      } else if (produced != unknown) {
+        gradient = produced + boundary_time(s);
+      }
+      if (gradient == unknown) return unknown;
+      ready = std::max(ready, gradient);
+    }
+    return ready;
+  }
+
+  // The p2p time of stage s's output (or of its gradient).
+  double boundary_time(int s) const {
+    return transfer_time(costs_.of(s).boundary_bytes, costs_.p2p_latency, costs_.p2p_bandwidth);
+  }
+
+  // The effects of a forward that ran as `t`.
+  void forward_ran(int r, const timed_action& t, int s, int k) {
+    if (!explicit_ && s > 0 && s_.rank_of(s - 1) != r) {
+      implicit_transfer(action_kind::send_forward, s - 1, k, s_.rank_of(s - 1), r,
+                        f_end_[key(s - 1, k)], costs_.of(s - 1).boundary_bytes);
+    }
+    f_end_[key(s, k)] = t.end;
+    memory(r, t.start, costs_.of(s).context_bytes, 1);
+    if (!explicit_ && s + 1 < stages_) wake(s_.rank_of(s + 1));
+  }
+
+  // The effects of a backward (B, or I when not `whole`) that ran as `t`.
+  void backward_ran(int r, const timed_action& t, int s, int k, bool whole) {
+    if (!explicit_ && s + 1 < stages_ && s_.rank_of(s + 1) != r) {
+      implicit_transfer(action_kind::send_backward, s + 1, k, s_.rank_of(s + 1), r,
+                        i_end_[key(s + 1, k)], costs_.of(s).boundary_bytes);
+    }
+    const stage_costs& c = costs_.of(s);
+    i_end_[key(s, k)] = t.end;
+    if (whole) {
+      memory(r, t.end, -c.context_bytes, -1);
+    } else {
+      memory(r, t.end, -(c.context_bytes - c.kept_for_weight()), 0);
+    }
+    if (!explicit_ && s > 0) wake(s_.rank_of(s - 1));
+  }
+
+  // F&B: the forward stage's given pair time, or the sum of the halves.
+  double pair_time(const action& a) const {
+    const stage_costs& f = costs_.of(a.stage);
+    if (f.forward_and_backward > 0) return f.forward_and_backward;
+    return f.forward + costs_.of(a.backward_stage).whole_backward();
+  }
+
   bool step(int r, int index, const action& a) {
     const int s = a.stage, k = a.micro_batch;
-    QUINTET_CHECK(s >= 0 && s < stages_ && k >= 0 && k < micro_batches_,
-                  "simulate: rank {} action {} ({}) is outside {} stages x {} micro-batches", r,
-                  index, to_string(a), stages_, micro_batches_);
+    for (const action& half : halves(a)) {
+      QUINTET_CHECK(half.stage >= 0 && half.stage < stages_ && half.micro_batch >= 0 &&
+                        half.micro_batch < micro_batches_,
+                    "simulate: rank {} action {} ({}) is outside {} stages x {} micro-batches", r,
+                    index, to_string(a), stages_, micro_batches_);
+    }
     QUINTET_CHECK(!is_stage_transfer(a.kind) || mapped_peer(s_, a) != action::no_peer,
                   "simulate: rank {} action {} ({}) has no neighbouring stage to talk to", r, index,
                   to_string(a));
@@ -249,54 +336,29 @@ class simulator {
     double& free = free_at_[static_cast<std::size_t>(r)];
     switch (a.kind) {
       case action_kind::forward: {
-        double ready = 0;
-        if (s > 0) {
-          if (s_.rank_of(s - 1) == r) {
-            ready = f_end_[key(s - 1, k)];
-          } else if (explicit_) {
-            ready = in_arrival_[key(s, k)];
-          } else if (f_end_[key(s - 1, k)] != unknown) {
-            ready = implicit_transfer(action_kind::send_forward, s - 1, k, s_.rank_of(s - 1), r,
-                                      f_end_[key(s - 1, k)]);
-          } else {
-            ready = unknown;
-          }
-          if (ready == unknown) return false;
-        }
+        const double ready = forward_ready(r, s, k);
+        if (ready == unknown) return false;
         compute(r, index, ready, c.forward);
-        f_end_[key(s, k)] = t.end;
-        memory(r, t.start, c.context_bytes, 1);
-        if (!explicit_ && s + 1 < stages_) wake(s_.rank_of(s + 1));
+        forward_ran(r, t, s, k);
         return true;
       }
       case action_kind::backward:
       case action_kind::backward_input: {
-        const double forward_done = f_end_[key(s, k)];
-        const double back = context_ready(s, k);
-        if (forward_done == unknown || back == unknown) return false;
-        double ready = std::max(forward_done, back);
-        if (s + 1 < stages_) {
-          double gradient = unknown;
-          if (s_.rank_of(s + 1) == r) {
-            gradient = i_end_[key(s + 1, k)];
-          } else if (explicit_) {
-            gradient = grad_arrival_[key(s, k)];
-          } else if (i_end_[key(s + 1, k)] != unknown) {
-            gradient = implicit_transfer(action_kind::send_backward, s + 1, k, s_.rank_of(s + 1), r,
-                                         i_end_[key(s + 1, k)]);
-          }
-          if (gradient == unknown) return false;
-          ready = std::max(ready, gradient);
-        }
+        const double ready = backward_ready(r, s, k);
+        if (ready == unknown) return false;
         const bool whole = a.kind == action_kind::backward;
         compute(r, index, ready, whole ? c.whole_backward() : c.backward_input);
-        i_end_[key(s, k)] = t.end;
-        if (whole) {
-          memory(r, t.end, -c.context_bytes, -1);
-        } else {
-          memory(r, t.end, -(c.context_bytes - c.kept_for_weight()), 0);
-        }
-        if (!explicit_ && s > 0) wake(s_.rank_of(s - 1));
+        backward_ran(r, t, s, k, whole);
+        return true;
+      }
+      case action_kind::overlap_f_b: {
+        const int bs = a.backward_stage, bk = a.backward_micro_batch;
+        const double forward = forward_ready(r, s, k);
+        const double backward = backward_ready(r, bs, bk);
+        if (forward == unknown || backward == unknown) return false;
+        compute(r, index, std::max(forward, backward), pair_time(a));
+        forward_ran(r, t, s, k);
+        backward_ran(r, t, bs, bk, true);
         return true;
       }
       case action_kind::backward_weight: {
@@ -434,14 +496,14 @@ class simulator {
     wake(from.rank);
   }
 
-  double implicit_transfer(action_kind kind, int stage, int micro_batch, int from, int to,
-                           double produced) {
-    const double bytes = costs_.of(stage).boundary_bytes;
+  // Records data a compute-only schedule moved: `stage` sent it, `bytes` long (as the explicit
+  // transfer of the same tensor would be).
+  void implicit_transfer(action_kind kind, int stage, int micro_batch, int from, int to,
+                         double produced, double bytes) {
     const double end = produced + transfer_time(bytes, costs_.p2p_latency, costs_.p2p_bandwidth);
     out_.transfers.push_back({kind, stage, micro_batch, from, -1, to, -1, produced, end, bytes});
     out_.p2p_bytes += bytes;
     ++out_.p2p_messages;
-    return end;
   }
 
   void finish() {

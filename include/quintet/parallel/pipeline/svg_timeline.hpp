@@ -1,6 +1,7 @@
 // svg_timeline: a simulated schedule as an SVG picture (written here, no library): one row per
 // rank, one box per compute action coloured by kind (F blue, B purple, I green, W orange; the
-// rank's odd chunks lighter), the micro-batch number inside when it fits, context moves (EVICT,
+// rank's odd chunks lighter; an overlapped pair's box has its forward's colour above its
+// backward's, labelled "3&1"), the micro-batch number inside when it fits, context moves (EVICT,
 // RELOAD) as small marks under the row, a time axis, and a title with the bubble and peaks.
 #pragma once
 
@@ -118,19 +119,37 @@ inline std::string svg_timeline(const schedule& s, const simulation& sim,
         continue;
       }
       if (!is_compute(t.what.kind)) continue;
-      const auto chunk = std::find(mine.begin(), mine.end(), t.what.stage) - mine.begin();
-      const auto [dark, light] = detail::kind_colours(t.what.kind);
+      const bool pair = t.what.kind == action_kind::overlap_f_b;
+      const auto chunk_of = [&](const action& a) {
+        return std::find(mine.begin(), mine.end(), a.stage) - mine.begin();
+      };
+      const auto fill_of = [&](const action& a) {
+        const auto [dark, light] = detail::kind_colours(a.kind);
+        return chunk_of(a) % 2 == 0 ? dark : light;
+      };
+      // A pair: the box in its backward's colour, its upper half in its forward's; the label sits
+      // on the lower half.
       const double x = x_of(t.start), w = std::max(0.5, (t.end - t.start) * scale);
       out += R"(<rect x=")" + detail::fixed(x, 2) + R"(" y=")" + detail::fixed(y) + R"(" width=")" +
              detail::fixed(w, 2) + R"(" height=")" + std::to_string(row) + R"(" fill=")" +
-             (chunk % 2 == 0 ? dark : light) + R"(" stroke="white" stroke-width="0.5"><title>)" +
+             (pair ? fill_of(backward_half(t.what)) : fill_of(t.what)) +
+             R"(" stroke="white" stroke-width="0.5"><title>)" +
              detail::xml_text(to_string(t.what)) + " [" + detail::fixed(t.start, 2) + ", " +
              detail::fixed(t.end, 2) + "]</title></rect>\n";
-      const std::string label = std::to_string(t.what.micro_batch);
+      if (pair) {
+        out += R"(<rect x=")" + detail::fixed(x, 2) + R"(" y=")" + detail::fixed(y) +
+               R"(" width=")" + detail::fixed(w, 2) + R"(" height=")" + detail::fixed(row / 2.0) +
+               R"(" fill=")" + fill_of(forward_half(t.what)) + R"(" pointer-events="none"/>)" +
+               "\n";
+      }
+      const std::string label = pair ? std::to_string(t.what.micro_batch) + "&" +
+                                           std::to_string(t.what.backward_micro_batch)
+                                     : std::to_string(t.what.micro_batch);
       if (w >= 7.0 * static_cast<double>(label.size()) + 2) {
         out += R"(<text x=")" + detail::fixed(x + w / 2) + R"(" y=")" +
                detail::fixed(y + row * 0.68) + R"(" font-size="10" text-anchor="middle" fill=")" +
-               (chunk % 2 == 0 ? "white" : "black") + R"(">)" + label + "</text>\n";
+               (chunk_of(pair ? backward_half(t.what) : t.what) % 2 == 0 ? "white" : "black") +
+               R"(">)" + detail::xml_text(label) + "</text>\n";
       }
     }
   }
@@ -163,6 +182,15 @@ inline std::string svg_timeline(const schedule& s, const simulation& sim,
            R"(" font-size="11">)" + std::string(text_of(kind)) + "</text>\n";
     x += 40;
   }
+  // The overlapped pair: forward above, backward below.
+  out += R"(<rect x=")" + detail::fixed(x) + R"(" y=")" + detail::fixed(legend_y) +
+         R"(" width="12" height="12" fill=")" + detail::kind_colours(action_kind::backward).first +
+         R"("/><rect x=")" + detail::fixed(x) + R"(" y=")" + detail::fixed(legend_y) +
+         R"(" width="12" height="6" fill=")" + detail::kind_colours(action_kind::forward).first +
+         R"("/>)";
+  out += R"(<text x=")" + detail::fixed(x + 16) + R"(" y=")" + detail::fixed(legend_y + 10) +
+         R"(" font-size="11">F&amp;B</text>)" + "\n";
+  x += 52;
   out += R"(<text x=")" + detail::fixed(x) + R"(" y=")" + detail::fixed(legend_y + 10) +
          R"(" font-size="11">lighter: the rank's second chunk; )"
          "red marks: EVICT (down), RELOAD (up)</text>\n";

@@ -4,7 +4,9 @@
 //   rank 0  F0 F1 F2 F3 .  .  .  B0 -  F4 B1 -  ...     F forward, B whole backward, I input pass,
 //   rank 1  .  F0 F1 F2 .  B0 -  F3 B1 -  F4 ...        W weight pass; lower case: the rank's
 //                                                       second (fourth, ...) chunk; '-' continues
-//                                                       the action before it; '.' is idle
+//                                                       the action before it; '.' is idle;
+//   rank 0  ... F3&b1 -  ...                            an overlapped pair (OVERLAP_F_B): its
+//                                                       forward, '&', its backward in the next cell
 // Only compute is drawn (transfers take no time on a rank). An action that does not start on a
 // cell boundary is drawn from the nearest one.
 #pragma once
@@ -48,18 +50,27 @@ inline std::string text_grid(const schedule& s, const simulation& sim,
     const std::vector<int> mine = s.stages_on(r);
     std::vector<std::string> row(cells, std::string(width, ' '));
     for (std::string& cell : row) cell[0] = '.';
-    for (const timed_action& t : sim.timeline[static_cast<std::size_t>(r)]) {
-      if (!is_compute(t.what.kind)) continue;
-      const auto chunk = std::find(mine.begin(), mine.end(), t.what.stage) - mine.begin();
-      char letter = text_of(t.what.kind)[0];
+    // "F3", "b0": a single compute's letter (lower case on odd chunks) and micro-batch.
+    const auto label_of = [&](const action& a) {
+      const auto chunk = std::find(mine.begin(), mine.end(), a.stage) - mine.begin();
+      char letter = text_of(a.kind)[0];
       if (chunk % 2 == 1)
         letter = static_cast<char>(std::tolower(static_cast<unsigned char>(letter)));
+      return letter + std::to_string(a.micro_batch);
+    };
+    for (const timed_action& t : sim.timeline[static_cast<std::size_t>(r)]) {
+      if (!is_compute(t.what.kind)) continue;
+      const bool pair = t.what.kind == action_kind::overlap_f_b;
       const auto first = static_cast<std::size_t>(std::llround(t.start / unit));
       const auto last = std::max(first + 1, static_cast<std::size_t>(std::llround(t.end / unit)));
       for (std::size_t c = first; c < last && c < cells; ++c) {
         std::string cell(width, ' ');
         if (c == first) {
-          const std::string label = letter + std::to_string(t.what.micro_batch);
+          const std::string label = label_of(pair ? forward_half(t.what) : t.what);
+          cell.replace(0, label.size(), label);
+          if (pair) cell[label.size()] = '&';
+        } else if (pair && c == first + 1) {
+          const std::string label = label_of(backward_half(t.what));
           cell.replace(0, label.size(), label);
         } else {
           cell[0] = '-';

@@ -7,7 +7,9 @@
 //   3. order      each action comes after what it needs: F after the previous stage's F (or the
 //                 RECV_F that brings it), B/I after its F and after the next stage's B/I (or the
 //                 RECV_B), W after its I, a send after the compute that produced its data, no
-//                 compute on an evicted context
+//                 compute on an evicted context; an overlapped pair (OVERLAP_F_B) needs what both
+//                 its halves need before it starts (neither half may feed the other: they run
+//                 together) and counts as both for coverage
 //   4. matching   run as blocking rendezvous — a send and a receive each wait for the other, and a
 //                 receive takes the next message its peer sends it — every send meets exactly
 //                 one receive carrying the same tensor (same kind, stage and micro-batch, so the
@@ -93,11 +95,13 @@ class verifier {
            std::to_string(i) + ")";
   }
 
+  // "pipeline schedule 'name': <action> (rank r, action i) why" (why may begin with ": ").
   bool fail(int r, std::size_t i, const std::string& why) {
     out_.ok = false;
     out_.rank = r;
     out_.index = static_cast<int>(i);
-    out_.message = "pipeline schedule '" + s_.name + "': " + name(r, i) + " " + why;
+    out_.message = "pipeline schedule '" + s_.name + "': " + name(r, i) +
+                   (why.starts_with(": ") ? "" : " ") + why;
     return false;
   }
   bool fail(const std::string& why) {
@@ -133,89 +137,107 @@ class verifier {
   // 1: where each action may run, and no compute or stage transfer listed twice.
   bool check_actions() {
     // One bit per (kind, stage, micro-batch) for the kinds that must not repeat.
-    std::vector<std::uint8_t> seen(flags_.size(), 0);
+    std::vector<std::uint16_t> seen(flags_.size(), 0);
     for (int r = 0; r < ranks_; ++r) {
       const auto& list = s_.on(r);
       for (std::size_t i = 0; i < list.size(); ++i) {
         const action& a = list[i];
-        if (a.stage < 0 || a.stage >= stages_) {
-          return fail(r, i,
-                      "names stage " + std::to_string(a.stage) + ", but the schedule has " +
-                          std::to_string(stages_) + " stages");
+        // An overlapped pair is checked half by half, each named in the message.
+        if (a.kind != action_kind::overlap_f_b) {
+          if (!check_action(r, i, a, false, seen)) return false;
+          continue;
         }
-        if (a.micro_batch < 0 || a.micro_batch >= micro_batches_) {
-          return fail(r, i,
-                      "names micro-batch " + std::to_string(a.micro_batch) +
-                          ", but the schedule has " + std::to_string(micro_batches_));
+        if (!check_action(r, i, forward_half(a), true, seen) ||
+            !check_action(r, i, backward_half(a), true, seen)) {
+          return false;
         }
-        const int owner = s_.rank_of(a.stage);
-        const bool partner_side = a.kind == action_kind::accept || a.kind == action_kind::hand_back;
-        if (!partner_side && owner != r) {
-          return fail(r, i,
-                      "runs on rank " + std::to_string(r) + ", but stage " +
-                          std::to_string(a.stage) + " lives on rank " + std::to_string(owner));
-        }
-        if (is_stage_transfer(a.kind)) {
-          const int expected = mapped_peer(s_, a);
-          const bool to_next =
-              a.kind == action_kind::send_forward || a.kind == action_kind::recv_backward;
-          if (expected == action::no_peer) {
-            return fail(
-                r, i,
-                std::string("has no ") + (to_next ? "next" : "previous") + " stage to talk to");
-          }
-          if (expected == r) {
-            return fail(r, i,
-                        "moves data between stages " +
-                            std::to_string(std::min(a.stage, to_next ? a.stage + 1 : a.stage - 1)) +
-                            " and " +
-                            std::to_string(std::max(a.stage, to_next ? a.stage + 1 : a.stage - 1)) +
-                            ", which are both on rank " + std::to_string(r) +
-                            ": nothing crosses ranks there");
-          }
-          if (a.peer != expected) {
-            return fail(r, i,
-                        "names peer rank " + std::to_string(a.peer) + ", but stage " +
-                            std::to_string(to_next ? a.stage + 1 : a.stage - 1) +
-                            " lives on rank " + std::to_string(expected));
-          }
-        }
-        if (is_context_transfer(a.kind)) {
-          if (a.peer < 0 || a.peer >= ranks_ || a.peer == r) {
-            return fail(r, i,
-                        "names partner rank " + std::to_string(a.peer) +
-                            ", which is not another rank of the schedule");
-          }
-          if (partner_side && a.peer != owner) {
-            return fail(r, i,
-                        "names peer rank " + std::to_string(a.peer) + ", but stage " +
-                            std::to_string(a.stage) + "'s context belongs to rank " +
-                            std::to_string(owner));
-          }
-          if (partner_side && owner == r) {
-            return fail(r, i, "is the partner's side of a context move, on the owner's own rank");
-          }
-          continue;  // a context may move out and back more than once
-        }
-        const std::size_t k = key(a.stage, a.micro_batch);
-        const auto bit = static_cast<std::uint8_t>(1u << static_cast<unsigned>(a.kind));
-        if (seen[k] & bit) return fail(r, i, "is listed twice");
-        if (a.kind == action_kind::backward &&
-            (seen[k] & (1u << static_cast<unsigned>(action_kind::backward_input)))) {
-          return fail(r, i, "is a whole backward of a micro-batch whose input pass (I) is listed");
-        }
-        if (a.kind == action_kind::backward_input &&
-            (seen[k] & (1u << static_cast<unsigned>(action_kind::backward)))) {
-          return fail(r, i, "is an input pass of a micro-batch whose whole backward (B) is listed");
-        }
-        if (a.kind == action_kind::backward_weight &&
-            (seen[k] & (1u << static_cast<unsigned>(action_kind::backward)))) {
-          return fail(r, i, "is a weight pass of a micro-batch whose whole backward (B) is listed");
-        }
-        seen[k] |= bit;
       }
     }
     coverage_ = std::move(seen);
+    return true;
+  }
+
+  // One single action `a` at rank r's index i (one half of the overlapped pair there if `half`).
+  bool check_action(int r, std::size_t i, const action& a, bool half,
+                    std::vector<std::uint16_t>& seen) {
+    // "X (rank r, action i) why", or for a pair's half "X (rank r, action i): its forward half
+    // 0F7 why".
+    const auto refuse = [&](const std::string& why) {
+      if (!half) return fail(r, i, why);
+      return fail(r, i,
+                  std::string(a.kind == action_kind::forward ? ": its forward half "
+                                                             : ": its backward half ") +
+                      to_string(a) + " " + why);
+    };
+    if (a.stage < 0 || a.stage >= stages_) {
+      return refuse("names stage " + std::to_string(a.stage) + ", but the schedule has " +
+                    std::to_string(stages_) + " stages");
+    }
+    if (a.micro_batch < 0 || a.micro_batch >= micro_batches_) {
+      return refuse("names micro-batch " + std::to_string(a.micro_batch) +
+                    ", but the schedule has " + std::to_string(micro_batches_));
+    }
+    const int owner = s_.rank_of(a.stage);
+    const bool partner_side = a.kind == action_kind::accept || a.kind == action_kind::hand_back;
+    if (!partner_side && owner != r) {
+      return refuse("runs on rank " + std::to_string(r) + ", but stage " + std::to_string(a.stage) +
+                    " lives on rank " + std::to_string(owner));
+    }
+    if (is_stage_transfer(a.kind)) {
+      const int expected = mapped_peer(s_, a);
+      const bool to_next =
+          a.kind == action_kind::send_forward || a.kind == action_kind::recv_backward;
+      if (expected == action::no_peer) {
+        return fail(r, i,
+                    std::string("has no ") + (to_next ? "next" : "previous") + " stage to talk to");
+      }
+      if (expected == r) {
+        return fail(
+            r, i,
+            "moves data between stages " +
+                std::to_string(std::min(a.stage, to_next ? a.stage + 1 : a.stage - 1)) + " and " +
+                std::to_string(std::max(a.stage, to_next ? a.stage + 1 : a.stage - 1)) +
+                ", which are both on rank " + std::to_string(r) + ": nothing crosses ranks there");
+      }
+      if (a.peer != expected) {
+        return fail(r, i,
+                    "names peer rank " + std::to_string(a.peer) + ", but stage " +
+                        std::to_string(to_next ? a.stage + 1 : a.stage - 1) + " lives on rank " +
+                        std::to_string(expected));
+      }
+    }
+    if (is_context_transfer(a.kind)) {
+      if (a.peer < 0 || a.peer >= ranks_ || a.peer == r) {
+        return fail(r, i,
+                    "names partner rank " + std::to_string(a.peer) +
+                        ", which is not another rank of the schedule");
+      }
+      if (partner_side && a.peer != owner) {
+        return fail(r, i,
+                    "names peer rank " + std::to_string(a.peer) + ", but stage " +
+                        std::to_string(a.stage) + "'s context belongs to rank " +
+                        std::to_string(owner));
+      }
+      if (partner_side && owner == r) {
+        return fail(r, i, "is the partner's side of a context move, on the owner's own rank");
+      }
+      return true;  // a context may move out and back more than once
+    }
+    const std::size_t k = key(a.stage, a.micro_batch);
+    const auto bit = [](action_kind kind) {
+      return static_cast<std::uint16_t>(1u << static_cast<unsigned>(kind));
+    };
+    if (seen[k] & bit(a.kind)) return refuse("is listed twice");
+    if (a.kind == action_kind::backward && (seen[k] & bit(action_kind::backward_input))) {
+      return refuse("is a whole backward of a micro-batch whose input pass (I) is listed");
+    }
+    if (a.kind == action_kind::backward_input && (seen[k] & bit(action_kind::backward))) {
+      return refuse("is an input pass of a micro-batch whose whole backward (B) is listed");
+    }
+    if (a.kind == action_kind::backward_weight && (seen[k] & bit(action_kind::backward))) {
+      return refuse("is a weight pass of a micro-batch whose whole backward (B) is listed");
+    }
+    seen[k] = static_cast<std::uint16_t>(seen[k] | bit(a.kind));
     return true;
   }
 
@@ -227,29 +249,30 @@ class verifier {
       for (int m = 0; m < micro_batches_; ++m) {
         const unsigned seen = coverage_[key(stage, m)];
         const std::string what = std::to_string(stage) + "?" + std::to_string(m);
-        const auto named = [&](action_kind kind) {
+        const auto listed_as = [&](action_kind kind) {
           return to_string(action{kind, stage, m, action::no_peer});
         };
         if (!(seen & bit(action_kind::forward))) {
           return fail("stage " + std::to_string(stage) + " never runs the forward of micro-batch " +
-                      std::to_string(m) + " (" + named(action_kind::forward) + owner + ")");
+                      std::to_string(m) + " (" + listed_as(action_kind::forward) + owner + ")");
         }
         const bool split = seen & bit(action_kind::backward_input);
         if (!(seen & bit(action_kind::backward)) && !split) {
           return fail("stage " + std::to_string(stage) +
                       " never runs the backward of micro-batch " + std::to_string(m) + " (" +
-                      named(action_kind::backward) + ", or " + named(action_kind::backward_input) +
-                      " and " + named(action_kind::backward_weight) + owner + ")");
+                      listed_as(action_kind::backward) + ", or " +
+                      listed_as(action_kind::backward_input) + " and " +
+                      listed_as(action_kind::backward_weight) + owner + ")");
         }
         if (split && !(seen & bit(action_kind::backward_weight))) {
           return fail("stage " + std::to_string(stage) + " runs the input pass of micro-batch " +
                       std::to_string(m) + " but never its weight pass (" +
-                      named(action_kind::backward_weight) + owner + ")");
+                      listed_as(action_kind::backward_weight) + owner + ")");
         }
         if (!split && (seen & bit(action_kind::backward_weight))) {
           return fail("stage " + std::to_string(stage) + " runs a weight pass of micro-batch " +
                       std::to_string(m) + " without its input pass (" +
-                      named(action_kind::backward_input) + owner + ")");
+                      listed_as(action_kind::backward_input) + owner + ")");
         }
       }
     }
@@ -319,77 +342,143 @@ class verifier {
     return true;
   }
 
+  // What a compute needs that is not there yet: a reason it can never run in time (an error), or
+  // the rank it waits for (compute-only lists, where data moves implicitly); neither: it may run.
+  // A code, so that the checks that pass (nearly all) build no message.
+  enum class missing : std::uint8_t {
+    nothing,
+    previous_forward,  // the previous stage's F, on this rank, has not run
+    input,             // no RECV_F of this stage's input before it
+    own_forward,       // its own F has not run
+    context,           // its context is with the partner
+    next_backward,     // the next stage's B/I, on this rank, has not run
+    gradient,          // no RECV_B of its output gradient before it
+  };
+  struct need {
+    missing what = missing::nothing;
+    int wait_for = -1;
+  };
+
+  static std::string named(action_kind kind, int stage, int micro_batch) {
+    return to_string(action{kind, stage, micro_batch, action::no_peer});
+  }
+
+  std::string describe(missing what, int r, int s, int m) const {
+    switch (what) {
+      case missing::previous_forward:
+        return "runs before " + named(action_kind::forward, s - 1, m) +
+               ", the previous stage's forward on the same rank";
+      case missing::input:
+        return "runs before its input arrives: no " + named(action_kind::recv_forward, s, m) +
+               " earlier on rank " + std::to_string(r);
+      case missing::own_forward:
+        return "runs before its forward " + named(action_kind::forward, s, m);
+      case missing::context:
+        return "runs while its context is with the partner rank (no " +
+               named(action_kind::reload, s, m) + " before it)";
+      case missing::next_backward:
+        return "runs before the next stage's backward " +
+               named(action_kind::backward_input, s + 1, m) + " / " +
+               named(action_kind::backward, s + 1, m) + " on the same rank";
+      case missing::gradient:
+        return "runs before its gradient arrives: no " + named(action_kind::recv_backward, s, m) +
+               " earlier on rank " + std::to_string(r);
+      case missing::nothing:
+        break;
+    }
+    return "";
+  }
+
+  need forward_needs(int r, int s, int m) const {
+    if (s == 0) return {};
+    const int producer = s_.rank_of(s - 1);
+    if (producer == r && !has(s - 1, m, forward_done)) return {missing::previous_forward};
+    if (producer != r && explicit_ && !has(s, m, got_input)) return {missing::input};
+    if (producer != r && !explicit_ && !has(s - 1, m, forward_done)) {
+      return {missing::nothing, producer};
+    }
+    return {};
+  }
+
+  need backward_needs(int r, int s, int m) const {
+    if (!has(s, m, forward_done)) return {missing::own_forward};
+    if (has(s, m, away)) return {missing::context};
+    if (s + 1 < stages_) {
+      const int producer = s_.rank_of(s + 1);
+      if (producer == r && !has(s + 1, m, input_done)) return {missing::next_backward};
+      if (producer != r && explicit_ && !has(s, m, got_gradient)) return {missing::gradient};
+      if (producer != r && !explicit_ && !has(s + 1, m, input_done)) {
+        return {missing::nothing, producer};
+      }
+    }
+    return {};
+  }
+
+  void forward_ran(int s, int m) {
+    flags(s, m) |= forward_done;
+    if (!explicit_ && s + 1 < stages_) wake(s_.rank_of(s + 1));
+  }
+
+  void input_backward_ran(int s, int m, bool entire) {
+    flags(s, m) |= input_done;
+    if (entire) flags(s, m) |= weight_done | whole;
+    if (!explicit_ && s > 0) wake(s_.rank_of(s - 1));
+  }
+
   // 1: ran (cursor moved); 0: waits; -1: error.
   int step(int r, std::size_t& at) {
     const action& a = s_.on(r)[at];
     const int s = a.stage, m = a.micro_batch;
-    const auto named = [&](action_kind kind, int stage) {
-      return to_string(action{kind, stage, m, action::no_peer});
-    };
     const auto error = [&](const std::string& why) { return fail(r, at, why) ? 1 : -1; };
     switch (a.kind) {
       case action_kind::forward: {
-        if (s > 0) {
-          const int producer = s_.rank_of(s - 1);
-          if (producer == r && !has(s - 1, m, forward_done)) {
-            return error("runs before " + named(action_kind::forward, s - 1) +
-                         ", the previous stage's forward on the same rank");
-          }
-          if (producer != r && explicit_ && !has(s, m, got_input)) {
-            return error("runs before its input arrives: no " +
-                         named(action_kind::recv_forward, s) + " earlier on rank " +
-                         std::to_string(r));
-          }
-          if (producer != r && !explicit_ && !has(s - 1, m, forward_done)) {
-            return wait(r, producer);
-          }
-        }
-        flags(s, m) |= forward_done;
-        if (!explicit_ && s + 1 < stages_) wake(s_.rank_of(s + 1));
+        const need n = forward_needs(r, s, m);
+        if (n.what != missing::nothing) return error(describe(n.what, r, s, m));
+        if (n.wait_for >= 0) return wait(r, n.wait_for);
+        forward_ran(s, m);
         ++at;
         return hold(r, at - 1, 1) ? 1 : -1;
       }
       case action_kind::backward:
       case action_kind::backward_input: {
-        if (!has(s, m, forward_done)) {
-          return error("runs before its forward " + named(action_kind::forward, s));
-        }
-        if (has(s, m, away)) {
-          return error("runs while its context is with the partner rank (no " +
-                       named(action_kind::reload, s) + " before it)");
-        }
-        if (s + 1 < stages_) {
-          const int producer = s_.rank_of(s + 1);
-          if (producer == r && !has(s + 1, m, input_done)) {
-            return error("runs before the next stage's backward " +
-                         named(action_kind::backward_input, s + 1) + " / " +
-                         named(action_kind::backward, s + 1) + " on the same rank");
-          }
-          if (producer != r && explicit_ && !has(s, m, got_gradient)) {
-            return error("runs before its gradient arrives: no " +
-                         named(action_kind::recv_backward, s) + " earlier on rank " +
-                         std::to_string(r));
-          }
-          if (producer != r && !explicit_ && !has(s + 1, m, input_done)) {
-            return wait(r, producer);
-          }
-        }
-        flags(s, m) |= input_done;
-        if (!explicit_ && s > 0) wake(s_.rank_of(s - 1));
+        const need n = backward_needs(r, s, m);
+        if (n.what != missing::nothing) return error(describe(n.what, r, s, m));
+        if (n.wait_for >= 0) return wait(r, n.wait_for);
+        const bool whole = a.kind == action_kind::backward;
+        input_backward_ran(s, m, whole);
         ++at;
-        if (a.kind == action_kind::backward) {
-          flags(s, m) |= weight_done | whole;
-          return hold(r, at - 1, -1) ? 1 : -1;
-        }
+        if (whole) return hold(r, at - 1, -1) ? 1 : -1;
         return 1;
+      }
+      case action_kind::overlap_f_b: {
+        // Both halves start together: each needs its inputs from before the pair, so a half that
+        // feeds the other (B of the forward's micro-batch, ...) is refused here.
+        const int bs = a.backward_stage, bm = a.backward_micro_batch;
+        const need f = forward_needs(r, s, m);
+        if (f.what != missing::nothing) {
+          return error(": its forward half " + named(action_kind::forward, s, m) + " " +
+                       describe(f.what, r, s, m));
+        }
+        const need b = backward_needs(r, bs, bm);
+        if (b.what != missing::nothing) {
+          return error(": its backward half " + named(action_kind::backward, bs, bm) + " " +
+                       describe(b.what, r, bs, bm));
+        }
+        if (f.wait_for >= 0) return wait(r, f.wait_for);
+        if (b.wait_for >= 0) return wait(r, b.wait_for);
+        forward_ran(s, m);
+        input_backward_ran(bs, bm, true);
+        ++at;
+        // The forward's context is taken as the pair starts, the backward's freed as it ends.
+        return hold(r, at - 1, 1) && hold(r, at - 1, -1) ? 1 : -1;
       }
       case action_kind::backward_weight: {
         if (!has(s, m, input_done)) {
-          return error("runs before its input pass " + named(action_kind::backward_input, s));
+          return error("runs before its input pass " + named(action_kind::backward_input, s, m));
         }
         if (has(s, m, away)) {
           return error("runs while its context is with the partner rank (no " +
-                       named(action_kind::reload, s) + " before it)");
+                       named(action_kind::reload, s, m) + " before it)");
         }
         flags(s, m) |= weight_done;
         ++at;
@@ -398,14 +487,14 @@ class verifier {
       case action_kind::send_forward:
         if (!has(s, m, forward_done)) {
           return error("sends before the forward that produces it, " +
-                       named(action_kind::forward, s));
+                       named(action_kind::forward, s, m));
         }
         return meet(r, at);
       case action_kind::send_backward:
         if (!has(s, m, input_done)) {
           return error("sends before the backward that produces it, " +
-                       named(action_kind::backward_input, s) + " / " +
-                       named(action_kind::backward, s));
+                       named(action_kind::backward_input, s, m) + " / " +
+                       named(action_kind::backward, s, m));
         }
         return meet(r, at);
       case action_kind::evict:
@@ -602,8 +691,8 @@ class verifier {
   const verify_options& options_;
   int ranks_, stages_, micro_batches_;
   bool explicit_;
-  std::vector<std::uint16_t> flags_;    // (stages x micro-batches)
-  std::vector<std::uint8_t> coverage_;  // (stages x micro-batches) which kinds are listed
+  std::vector<std::uint16_t> flags_;     // (stages x micro-batches)
+  std::vector<std::uint16_t> coverage_;  // (stages x micro-batches) which kinds are listed
   std::vector<std::size_t> cursor_;
   std::vector<int> waits_for_;
   std::vector<char> queued_;
