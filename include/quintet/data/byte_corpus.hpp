@@ -1,5 +1,10 @@
 // byte_corpus: any file as a token source with vocabulary 256 (one token per byte), sampled as
 // windows at random offsets keyed by (seed, step, row). Its entropy floor is unknown.
+// split_held_out(f) keeps the last fraction f of the bytes out of training: two corpora over
+// disjoint byte ranges, so no training window ever reads a held-out byte.
+//
+//   file:  [ training: bytes [0, cut)                       | held out: [cut, size) ]
+//          windows of seq + 1 bytes lie wholly in one part;   cut = size - floor(f size)
 #pragma once
 
 #include <quintet/core/error.hpp>
@@ -7,6 +12,7 @@
 #include <quintet/data/token_batch.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -47,15 +53,31 @@ class byte_corpus {
     QUINTET_CHECK(!bytes_.empty(), "data file '{}' is empty", name_);
   }
 
+  // The two parts of this corpus when its last `fraction` (of its bytes, rounded down) is held
+  // out: `training`, the bytes before the cut, drawn as before (the same offset stream), and
+  // `held_out`, the bytes from the cut on (none when fraction is 0), whose windows come from a
+  // stream of their own. Each part knows where its bytes sit in the file (origin()).
+  struct split;
+  split split_held_out(double fraction) const;
+
   std::int64_t vocab_size() const { return byte_vocab; }
   std::uint64_t seed() const { return seed_; }
   const std::string& name() const { return name_; }
   std::int64_t size() const { return std::int64_t(bytes_.size()); }
   std::span<const std::uint8_t> bytes() const { return bytes_; }
+  // Where byte 0 of this corpus sits in the file it was read from (0 unless it is a split part).
+  std::int64_t origin() const { return origin_; }
+  // Whether this corpus is the held-out part of a split.
+  bool is_held_out() const { return held_out_; }
 
-  // One line for logs and reports.
+  // One line for logs and reports: "bytes(PATH, N bytes, seed S)"; a split part names its range
+  // of the file, "bytes(PATH [a, b) held out, N bytes, seed S)".
   std::string description() const {
-    return "bytes(" + name_ + ", " + std::to_string(size()) + " bytes, seed " +
+    std::string range;
+    if (part_)
+      range = " [" + std::to_string(origin_) + ", " + std::to_string(origin_ + size()) + ")" +
+              (held_out_ ? " held out" : " training");
+    return "bytes(" + name_ + range + ", " + std::to_string(size()) + " bytes, seed " +
            std::to_string(seed_) + ")";
   }
 
@@ -68,9 +90,9 @@ class byte_corpus {
   std::int64_t window_offset(std::int64_t step, std::int64_t row, std::int64_t seq) const {
     QUINTET_CHECK(seq >= 1, "sequence length {} must be at least 1", seq);
     QUINTET_CHECK(seq + 1 <= size(),
-                  "data file '{}' has {} bytes, fewer than the {} (seq + 1) that one window of "
+                  "data file '{}'{} has {} bytes, fewer than the {} (seq + 1) that one window of "
                   "sequence length {} needs",
-                  name_, size(), seq + 1, seq);
+                  name_, held_out_ ? " (its held-out part)" : "", size(), seq + 1, seq);
     QUINTET_CHECK(step >= 0 && row >= 0 && row < max_batch_rows,
                   "byte corpus window (step {}, row {}) is out of range", step, row);
     const std::int64_t offsets = size() - seq;
@@ -95,6 +117,35 @@ class byte_corpus {
   std::uint64_t seed_;
   std::string name_;
   std::uint64_t offset_stream_ = rng_stream_for("quintet.data.bytes.offset");
+  std::int64_t origin_ = 0;
+  bool part_ = false;
+  bool held_out_ = false;
 };
+
+struct byte_corpus::split {
+  byte_corpus training;
+  std::optional<byte_corpus> held_out;  // none when the fraction is 0
+};
+
+inline byte_corpus::split byte_corpus::split_held_out(double fraction) const {
+  QUINTET_CHECK(fraction >= 0.0 && fraction < 1.0,
+                "held-out fraction {} of data file '{}' must be in [0, 1)", fraction, name_);
+  const auto held = static_cast<std::int64_t>(std::floor(fraction * double(size())));
+  const std::int64_t cut = size() - held;
+  const auto part = [&](std::int64_t begin, std::int64_t end, bool held_out) {
+    byte_corpus p(std::vector<std::uint8_t>(bytes_.begin() + begin, bytes_.begin() + end), seed_,
+                  name_);
+    p.origin_ = origin_ + begin;
+    p.part_ = held > 0;
+    p.held_out_ = held_out;
+    if (held_out) p.offset_stream_ = rng_stream_for("quintet.data.bytes.held_out.offset");
+    return p;
+  };
+  QUINTET_CHECK(cut > 0, "holding out {} of data file '{}' ({} bytes) leaves no training bytes",
+                fraction, name_, size());
+  split out{part(0, cut, false), std::nullopt};
+  if (held > 0) out.held_out.emplace(part(cut, size(), true));
+  return out;
+}
 
 }  // namespace quintet

@@ -1,5 +1,7 @@
 // markov_source: a synthetic token corpus from an order-k Markov source whose entropy rate is
 // computed exactly, so the best loss any model can reach on it is known (the trainer's floor).
+// held_out() is the same source drawing its windows from another family of Philox streams, one
+// that training never reads: batches to evaluate a model on.
 #pragma once
 
 #include <quintet/core/error.hpp>
@@ -78,8 +80,22 @@ class markov_source {
   std::string description() const {
     return "markov(vocab " + std::to_string(vocab_size()) + ", order " + std::to_string(order()) +
            ", " + std::to_string(table_.transition_count()) + " transitions, seed " +
-           std::to_string(seed_) + ")";
+           std::to_string(seed_) + (held_out_ ? ", held-out stream" : "") + ")";
   }
+
+  // The same chain (table, pi, floors), its windows drawn from the held-out streams: step t of
+  // the held-out source uses stream rng_stream_for("quintet.data.markov.held_out") + t, training
+  // step t stream rng_stream_for("quintet.data.markov.sample") + t. The two bases are 2^60 apart
+  // or more (tested), so no run long enough to reach the other family shares a stream with it.
+  markov_source held_out() const {
+    markov_source out = *this;
+    out.sample_stream_ = rng_stream_for("quintet.data.markov.held_out");
+    out.held_out_ = true;
+    return out;
+  }
+  bool is_held_out() const { return held_out_; }
+  // The Philox stream of step 0's windows (step t uses this + t).
+  std::uint64_t sample_stream() const { return sample_stream_; }
 
   // pi: the stationary distribution over contexts (exact zeros on transient contexts).
   std::span<const double> stationary() const { return stationary_; }
@@ -268,6 +284,7 @@ class markov_source {
   markov_table table_;
   std::uint64_t seed_;
   std::uint64_t sample_stream_ = rng_stream_for("quintet.data.markov.sample");
+  bool held_out_ = false;
   std::vector<double> stationary_;             // (contexts,) pi
   std::vector<double> stationary_cumulative_;  // (contexts,) running sum of pi
   std::vector<double> successor_cumulative_;   // (transitions,) running sums within each context

@@ -7,6 +7,11 @@
 // backward the step sums the gradients the plan leaves partial, then takes the norm. The
 // micro-batches run as a step list (forward, backward of each in turn) through the executor that
 // pipeline schedules will drive with their own lists.
+//
+// evaluate(source, batches) scores the model as it stands on other data (a held-out source): the
+// forward alone, on every rank under the trainer's plan, into contexts it then drops — no gradient,
+// no optimizer state, no step counter changes, so training with or without evaluations gives the
+// same bits.
 #pragma once
 
 #include <quintet/core/error.hpp>
@@ -57,6 +62,15 @@ struct training_options {
     QUINTET_CHECK(warmup_steps >= 0 && warmup_steps <= steps,
                   "training: {} warm-up steps exceed the {} steps of the run", warmup_steps, steps);
   }
+};
+
+// The held-out loss of the model after `step` updates (evaluate() before train step `step`).
+struct evaluation_metrics {
+  std::int64_t step = 0;
+  double loss = 0.0;         // mean cross-entropy over the counted targets, nats/token
+  std::int64_t tokens = 0;   // targets counted
+  std::int64_t batches = 0;  // global batches of the evaluation source
+  double seconds = 0.0;      // wall time of the evaluation
 };
 
 struct step_metrics {
@@ -168,9 +182,53 @@ class trainer {
     return {step, loss, norm, lr, elapsed.count(), tokens};
   }
 
+  // The mean loss of the model as it stands over batches 0 .. batches - 1 of `source` (each a
+  // global batch of the training shape, split into the training micro-batches): forward only.
+  // Every rank of the plan must call it at the same point (the forward communicates); every rank
+  // returns the same loss. The step recorded is next_step(): the updates the model has taken.
+  template <token_source Evaluation>
+  evaluation_metrics evaluate(const Evaluation& source, std::int64_t batches) {
+    QUINTET_CHECK(batches >= 1, "evaluation: {} batches, need at least 1", batches);
+    QUINTET_CHECK(source.vocab_size() <= model_.config().vocab,
+                  "evaluation: the data's vocabulary ({}) exceeds the model's ({})",
+                  source.vocab_size(), model_.config().vocab);
+    const auto start = std::chrono::steady_clock::now();
+    double loss_sum = 0.0;
+    std::int64_t counted = 0;
+    for (std::int64_t b = 0; b < batches; ++b) {
+      for (std::int64_t i = 0; i < options_.micro_batches; ++i) {
+        const token_batch micro = source.batch(
+            b, split_rows({0, options_.batch}, options_.micro_batches, i), options_.seq);
+        nn::context<host> ctx;  // dropped: nothing of the forward is kept
+        const auto out = model_.stage().forward(
+            ctx, {.tokens = micro.inputs.view(), .targets = micro.targets.view()});
+        loss_sum += out.loss.loss_sum;
+        counted += out.loss.count;
+      }
+    }
+    QUINTET_CHECK(counted > 0, "evaluation: every target of the {} batches is padding", batches);
+    const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
+    return {.step = next_step_,
+            .loss = loss_sum / static_cast<double>(counted),
+            .tokens = counted,
+            .batches = batches,
+            .seconds = elapsed.count()};
+  }
+
   std::int64_t next_step() const { return next_step_; }
   nn::parameter_registry<T, host>& parameters() { return registry_; }
   const training_options& options() const { return options_; }
+  // What a decoder over the trained parameters needs (nn::gpt_decoder): the model's
+  // configuration, the execution context and this rank's mesh (null for the serial model).
+  const nn::gpt_config& model_config() const { return model_.config(); }
+  const execution<host>& execution_context() const { return exec_; }
+  Mesh* mesh() const {
+    if constexpr (mesh_like<Mesh>) {
+      return mesh_;
+    } else {
+      return nullptr;
+    }
+  }
 
  private:
   static std::int64_t counted_targets(const token_batch& batch) {

@@ -1,0 +1,346 @@
+// gpt_decoder: the GPT's forward for generation — tokens in, next-token logits out — run
+// incrementally over a kv_cache: each call embeds only the new tokens, appends their keys and
+// values to every layer's cache and attends over everything cached, so a generated token costs
+// one token's pass through the blocks, not the whole prefix's. It reads the parameters of an
+// nn::gpt (or a trainer's) from the registry by name (`blocks.0.attn.qkv.weight`, ...), so it
+// serves a model being trained without copying it, and computes with the kernels the layers use.
+//
+// Under a plan every rank of the model calls it with the same tokens:
+//   tensor parallelism   heads stay split over tp as in training: a rank caches the keys and
+//                        values of its heads; the attention and MLP outputs are all-reduced
+//                        over tp (Megatron's row linear), the vocabulary-parallel embedding too,
+//                        and the logits of the vocabulary shards are gathered, so every rank
+//                        returns the whole vocabulary's logits.
+//   sequence parallelism (Megatron-SP, Ulysses, ring) is a way to train long sequences; a decoder
+//                        adds one position at a time, so it does not split the sequence: every
+//                        rank of an sp group runs the whole-sequence path on its (replicated over
+//                        sp) parameters, with tp's communication only. The sp ranks compute the
+//                        same values, redundantly.
+//   pipeline stages      not supported (a stage holds only some blocks): refused at compile time.
+//
+//   forward(cache, tokens (batch, n))  positions [cache.length(), cache.length() + n)
+//     -> logits (batch, n, vocab), the same on every rank; cache.length() grows by n
+#pragma once
+
+#include <quintet/core/error.hpp>
+#include <quintet/kernels/accumulator.hpp>
+#include <quintet/kernels/attention.hpp>
+#include <quintet/kernels/elementwise.hpp>
+#include <quintet/kernels/embedding.hpp>
+#include <quintet/kernels/execution.hpp>
+#include <quintet/kernels/layer_norm.hpp>
+#include <quintet/kernels/matmul.hpp>
+#include <quintet/nn/gpt_stage.hpp>
+#include <quintet/nn/kv_cache.hpp>
+#include <quintet/nn/parameter.hpp>
+#include <quintet/parallel/mappings.hpp>
+#include <quintet/parallel/no_mesh.hpp>
+#include <quintet/parallel/plan.hpp>
+#include <quintet/parallel/policies.hpp>
+#include <quintet/parallel/sequence/sequence_collectives.hpp>
+#include <quintet/parallel/tensor/vocab_shard.hpp>
+#include <quintet/tensor/copy.hpp>
+#include <quintet/tensor/reshape.hpp>
+#include <quintet/tensor/slice.hpp>
+#include <quintet/tensor/tensor.hpp>
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace quintet::nn {
+
+namespace detail {
+
+// The communication a decoder needs from a plan: its tensor-parallel style alone (the whole
+// sequence on every rank), or none.
+template <class Plan, bool = parallel::uses_tensor_parallel<Plan>>
+struct decoder_plan {
+  using type = serial_plan;
+};
+template <class Plan>
+struct decoder_plan<Plan, true> {
+  using type =
+      quintet::plan<parallel::tp<typename Plan::template style<parallel::strategy::tensor>>>;
+};
+
+}  // namespace detail
+
+template <class T, class Device, class Plan = serial_plan, class Mesh = parallel::no_mesh>
+class gpt_decoder {
+  static_assert(parallel::mesh_for<Mesh, Plan>,
+                "nn::gpt_decoder<T, Device, Plan, Mesh>: a parallel plan needs a device mesh type "
+                "(Mesh = device_mesh<Comm>), not parallel::no_mesh");
+  static_assert(!Plan::template has<parallel::strategy::pipeline>,
+                "nn::gpt_decoder runs every block on every rank: a plan with parallel::pp<...> "
+                "holds only some blocks per rank");
+  static constexpr bool tensor_parallel = parallel::uses_tensor_parallel<Plan>;
+  using reduce_plan = typename detail::decoder_plan<Plan>::type;
+  using stat_type = kernels::accumulator_t<T>;
+  static constexpr double layer_norm_eps = 1e-5;  // nn::layer_norm's default, which gpt uses
+
+ public:
+  // `registry` holds the model's parameters (this rank's shards under a plan), as nn::gpt or
+  // train::trainer registered them; `mesh` is this rank's mesh (null for the serial model).
+  gpt_decoder(parameter_registry<T, Device>& registry, const execution<Device>& exec,
+              const gpt_config& config, Mesh* mesh = nullptr)
+      : exec_(exec), config_((config.validate(), config)), mesh_(required(mesh)) {
+    const int tp = tp_size(mesh_);
+    QUINTET_CHECK(config.heads % tp == 0, "gpt_decoder: {} heads do not divide over tp = {}",
+                  config.heads, tp);
+    shard_ = parallel::vocab_shard_of(config.vocab, tp, tp_rank(mesh_));
+    local_heads_ = config.heads / tp;
+    width_ = config.d_model / tp;
+    token_table_ = &registry.find("embedding.token_weight");
+    position_table_ = &registry.find("embedding.position_weight");
+    for (std::int64_t l = 0; l < config.layers; ++l) {
+      const std::string b = "blocks." + std::to_string(l);
+      blocks_.push_back({.ln1 = norm(registry, b + ".ln1"),
+                         .qkv = affine(registry, b + ".attn.qkv"),
+                         .attention_proj = affine(registry, b + ".attn.proj"),
+                         .ln2 = norm(registry, b + ".ln2"),
+                         .fc = affine(registry, b + ".mlp.fc"),
+                         .mlp_proj = affine(registry, b + ".mlp.proj")});
+    }
+    final_norm_ = norm(registry, "final_norm");
+    head_ = config.tie_weights ? token_table_ : &registry.find("lm_head.weight");
+    check_shapes();
+  }
+  gpt_decoder(parameter_registry<T, Device>&, const execution<Device>&&, const gpt_config&,
+              Mesh* = nullptr) = delete;
+
+  // An empty cache for `batch` sequences of up to `capacity` positions (the position table's
+  // rows by default).
+  kv_cache<T, Device> make_cache(std::int64_t batch = 1, std::int64_t capacity = 0) const {
+    return kv_cache<T, Device>(config_.layers, batch, capacity == 0 ? config_.max_seq : capacity,
+                               width_);
+  }
+
+  // tokens (batch, n) at positions [cache.length(), cache.length() + n) -> their logits
+  // (batch, n, vocab); appends the tokens' keys and values to `cache`. Every rank passes the same
+  // tokens and gets the same logits.
+  quintet::tensor<T, Device> forward(kv_cache<T, Device>& cache,
+                                     tensor_view<const std::int32_t, Device> tokens) {
+    QUINTET_CHECK(tokens.rank() == 2 && tokens.shape()[1] >= 1,
+                  "gpt_decoder: tokens have shape {}, expected (batch, n) with n >= 1",
+                  tokens.shape());
+    const std::int64_t batch = tokens.shape()[0], n = tokens.shape()[1], start = cache.length();
+    QUINTET_CHECK(
+        cache.batch() == batch && cache.layers() == config_.layers && cache.width() == width_,
+        "gpt_decoder: a cache of {} layers x batch {} x width {} for {} layers x batch "
+        "{} x width {}",
+        cache.layers(), cache.batch(), cache.width(), config_.layers, batch, width_);
+    QUINTET_CHECK(start + n <= cache.capacity() && start + n <= config_.max_seq,
+                  "gpt_decoder: positions [{}, {}) exceed the cache ({}) or the position table "
+                  "({})",
+                  start, start + n, cache.capacity(), config_.max_seq);
+    check_ids(tokens);
+    quintet::tensor<T, Device> x = embed(tokens, start);  // (batch, n, d)
+    for (std::int64_t l = 0; l < config_.layers; ++l) x = block(l, cache, x, start);
+    cache.advance(n);
+    return head(x);
+  }
+
+  // The logits of `tokens` (batch, n) from position 0 without a cache: the whole forward, as
+  // generation by full recomputation runs it.
+  quintet::tensor<T, Device> logits(tensor_view<const std::int32_t, Device> tokens) {
+    kv_cache<T, Device> cache = make_cache(tokens.shape()[0], tokens.shape()[1]);
+    return forward(cache, tokens);
+  }
+
+  const gpt_config& config() const { return config_; }
+  // Heads, and their width, this rank attends with (heads / tp, d / tp).
+  std::int64_t local_heads() const { return local_heads_; }
+  std::int64_t local_width() const { return width_; }
+
+ private:
+  struct norm_parameters {
+    parameter<T, Device>* weight;
+    parameter<T, Device>* bias;
+  };
+  struct affine_parameters {  // y = x W^T + b, W this rank's (out, in) block
+    parameter<T, Device>* weight;
+    parameter<T, Device>* bias;
+  };
+  struct block_parameters {
+    norm_parameters ln1;
+    affine_parameters qkv;  // column-parallel: (3, d / tp, d), q k v of this rank's heads
+    affine_parameters attention_proj;  // row-parallel: (d, d / tp), bias replicated
+    norm_parameters ln2;
+    affine_parameters fc;        // column-parallel: (hidden / tp, d)
+    affine_parameters mlp_proj;  // row-parallel: (d, hidden / tp)
+  };
+
+  static norm_parameters norm(parameter_registry<T, Device>& registry, const std::string& name) {
+    return {&registry.find(name + ".weight"), &registry.find(name + ".bias")};
+  }
+  static affine_parameters affine(parameter_registry<T, Device>& registry,
+                                  const std::string& name) {
+    return {&registry.find(name + ".weight"), &registry.find(name + ".bias")};
+  }
+
+  static Mesh* required(Mesh* mesh) {
+    if constexpr (mesh_like<Mesh>) {
+      QUINTET_CHECK(mesh != nullptr, "gpt_decoder under {} needs the device mesh", Plan::name());
+    }
+    return mesh;
+  }
+  static int tp_size(Mesh* mesh) {
+    if constexpr (tensor_parallel) {
+      return mesh->tp().size();
+    } else {
+      return 1;
+    }
+  }
+  static int tp_rank(Mesh* mesh) {
+    if constexpr (tensor_parallel) {
+      return mesh->tp().rank();
+    } else {
+      return 0;
+    }
+  }
+
+  // The shards must be the ones this rank's plan gives: a registry built for another plan or
+  // degree is refused here rather than computing garbage.
+  void check_shapes() const {
+    const std::int64_t d = config_.d_model, hidden = config_.hidden();
+    const auto require = [](const parameter<T, Device>* p, const shape& expected) {
+      QUINTET_CHECK(p->value.shape() == expected,
+                    "gpt_decoder: parameter '{}' has shape {} on this rank, expected {} (a "
+                    "registry of another plan or degree?)",
+                    p->name, p->value.shape(), expected);
+    };
+    require(token_table_, shape{shard_.columns, d});
+    require(head_, shape{shard_.columns, d});
+    QUINTET_CHECK(position_table_->value.shape()[0] >= config_.max_seq,
+                  "gpt_decoder: the position table has {} rows, fewer than max_seq {}",
+                  position_table_->value.shape()[0], config_.max_seq);
+    for (const auto& b : blocks_) {
+      require(b.qkv.weight, shape{3, width_, d});
+      require(b.attention_proj.weight, shape{d, width_});
+      require(b.fc.weight, shape{hidden / tp_size(mesh_), d});
+      require(b.mlp_proj.weight, shape{d, hidden / tp_size(mesh_)});
+    }
+  }
+
+  void check_ids(tensor_view<const std::int32_t, Device> tokens) const {
+    if constexpr (std::is_same_v<Device, host>) {
+      for (std::int64_t b = 0; b < tokens.shape()[0]; ++b)
+        for (std::int64_t s = 0; s < tokens.shape()[1]; ++s)
+          QUINTET_CHECK(tokens(b, s) >= 0 && tokens(b, s) < config_.vocab,
+                        "gpt_decoder: token id {} at ({}, {}) is outside the vocabulary [0, {})",
+                        tokens(b, s), b, s, config_.vocab);
+    }
+  }
+
+  // tokens (batch, n) -> x (batch, n, d): this rank's rows of the token table (vocabulary shards
+  // summed over tp) plus the positions' rows.
+  quintet::tensor<T, Device> embed(tensor_view<const std::int32_t, Device> tokens,
+                                   std::int64_t start) {
+    quintet::tensor<T, Device> x(shape{tokens.shape()[0], tokens.shape()[1], config_.d_model});
+    kernels::token_embedding_forward(exec_, tokens, token_table_->value, x, shard_.begin);
+    x = parallel::complete_partial_rows<reduce_plan>(mesh_, std::move(x));
+    kernels::add_position_embedding(exec_, position_table_->value, x, start);
+    return x;
+  }
+
+  quintet::tensor<T, Device> layer_norm(const norm_parameters& p,
+                                        const quintet::tensor<T, Device>& x) {
+    quintet::tensor<T, Device> y(x.shape());
+    const shape rows(x.shape().extents().first(x.rank() - 1));
+    quintet::tensor<stat_type, Device> mean(rows), rstd(rows);
+    kernels::layer_norm_forward(exec_, x, p.weight->value, p.bias->value, y, mean, rstd,
+                                layer_norm_eps);
+    return y;
+  }
+
+  // x (..., in) W^T + b, W this rank's (out, in) block (any stored shape with `in` last).
+  quintet::tensor<T, Device> project(const quintet::tensor<T, Device>& x,
+                                     const parameter<T, Device>& w) {
+    const std::int64_t in = w.value.shape()[w.value.rank() - 1], out = w.value.numel() / in;
+    quintet::tensor<T, Device> y(x.shape().with_extent(x.rank() - 1, out));
+    kernels::matmul(exec_, x, reshape(w.value, shape{out, in}), y, {.transpose_b = true});
+    return y;
+  }
+  // A column-parallel projection: this rank's columns, bias included.
+  quintet::tensor<T, Device> column(const quintet::tensor<T, Device>& x,
+                                    const affine_parameters& p) {
+    quintet::tensor<T, Device> y = project(x, *p.weight);
+    kernels::bias_add(exec_, y, reshape(p.bias->value, shape{y.shape()[y.rank() - 1]}));
+    return y;
+  }
+  // A row-parallel projection: partial products summed over tp, then the (replicated) bias.
+  quintet::tensor<T, Device> row(const quintet::tensor<T, Device>& x, const affine_parameters& p) {
+    quintet::tensor<T, Device> y =
+        parallel::complete_partial_rows<reduce_plan>(mesh_, project(x, *p.weight));
+    kernels::bias_add(exec_, y, p.bias->value);
+    return y;
+  }
+
+  // One pre-LN block on the new rows x (batch, n, d) at positions [start, start + n).
+  quintet::tensor<T, Device> block(std::int64_t layer, kv_cache<T, Device>& cache,
+                                   const quintet::tensor<T, Device>& x, std::int64_t start) {
+    const block_parameters& p = blocks_[static_cast<std::size_t>(layer)];
+    const std::int64_t batch = x.shape()[0], n = x.shape()[1], end = start + n;
+    quintet::tensor<T, Device> qkv = column(layer_norm(p.ln1, x), p.qkv);  // (batch, n, 3 w)
+    copy(cache.keys(layer, start, end), chunk(qkv, 2, 3, 1));
+    copy(cache.values(layer, start, end), chunk(qkv, 2, 3, 2));
+    const auto q = chunk(qkv, 2, 3, 0);  // (batch, n, w)
+    quintet::tensor<T, Device> out(shape{batch, n, width_});
+    quintet::tensor<stat_type, Device> lse(shape{batch, local_heads_, n});
+    // The new queries see every cached key (full) and the new keys up to their own (causal).
+    kernels::attention_forward(exec_, q, cache.keys(layer, start, end),
+                               cache.values(layer, start, end), out, lse, local_heads_,
+                               kernels::attention_mask::causal);
+    if (start > 0) {
+      quintet::tensor<T, Device> earlier(shape{batch, n, width_});
+      quintet::tensor<stat_type, Device> earlier_lse(shape{batch, local_heads_, n});
+      kernels::attention_forward(exec_, q, cache.keys(layer, 0, start),
+                                 cache.values(layer, 0, start), earlier, earlier_lse, local_heads_,
+                                 kernels::attention_mask::full);
+      kernels::attention_merge(exec_, out, lse, earlier, earlier_lse, local_heads_);
+    }
+    quintet::tensor<T, Device> h = row(out, p.attention_proj);
+    kernels::add(exec_, h, x, h);  // the residual, in the block's order
+    quintet::tensor<T, Device> a = column(layer_norm(p.ln2, h), p.fc);  // (batch, n, hidden / tp)
+    quintet::tensor<T, Device> g(a.shape());
+    kernels::gelu_forward(exec_, a, g);
+    quintet::tensor<T, Device> y = row(g, p.mlp_proj);
+    kernels::add(exec_, y, h, y);
+    return y;
+  }
+
+  // x (batch, n, d) -> logits (batch, n, vocab): the final norm, this rank's vocabulary columns,
+  // gathered over tp (rank order is vocabulary order) and cut to the unpadded vocabulary.
+  quintet::tensor<T, Device> head(const quintet::tensor<T, Device>& x) {
+    const std::int64_t batch = x.shape()[0], n = x.shape()[1];
+    const quintet::tensor<T, Device> normed = layer_norm(final_norm_, x);
+    quintet::tensor<T, Device> local(shape{batch * n, shard_.columns});
+    kernels::matmul(exec_, reshape(normed, shape{batch * n, config_.d_model}), head_->value, local,
+                    {.transpose_b = true});
+    quintet::tensor<T, Device> logits(shape{batch, n, config_.vocab});
+    if constexpr (tensor_parallel) {
+      // (rows, vocab / tp) per rank -> (rows, padded vocab): dimension 1 is the vocabulary.
+      const quintet::tensor<T, Device> whole = parallel::gather_sequence(mesh_->tp(), local.view());
+      copy(reshape(logits, shape{batch * n, config_.vocab}), slice(whole, 1, 0, config_.vocab));
+    } else {
+      copy(reshape(logits, shape{batch * n, config_.vocab}), slice(local, 1, 0, config_.vocab));
+    }
+    return logits;
+  }
+
+  const execution<Device>& exec_;
+  gpt_config config_;
+  Mesh* mesh_;
+  parallel::vocab_shard shard_{};
+  std::int64_t local_heads_ = 0, width_ = 0;
+  parameter<T, Device>* token_table_ = nullptr;     // (padded vocab / tp, d)
+  parameter<T, Device>* position_table_ = nullptr;  // (max_seq, d)
+  std::vector<block_parameters> blocks_;
+  norm_parameters final_norm_{};
+  parameter<T, Device>* head_ =
+      nullptr;  // the token table, or lm_head.weight (padded vocab / tp, d)
+};
+
+}  // namespace quintet::nn
