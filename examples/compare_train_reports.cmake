@@ -60,8 +60,8 @@ foreach(step RANGE ${last})
                         "more than 1e-4 relative apart")
   endif()
 endforeach()
-foreach(key IN ITEMS world ranks tp sp sp_style)
+foreach(key IN ITEMS world ranks dp zero tp sp sp_style)
   string(JSON ${key} GET "${parallel_json}" parallel ${key})
 endforeach()
-message(STATUS "the ${steps} losses of ${world} ranks (${ranks}; tp ${tp}, sp ${sp}, ${sp_style}) "
+message(STATUS "the ${steps} losses of ${world} ranks (${ranks}; dp ${dp} zero ${zero}, tp ${tp}, sp ${sp}, ${sp_style}) "
                "match the serial run within 1e-4")

@@ -48,6 +48,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -74,6 +75,9 @@ struct program_options {
   int world = 1;                  // ranks: threads of this process, or the processes of mpirun
   int tp = 1;                     // tensor-parallel degree
   int sp = 1;                     // sequence-parallel degree (the sp axis: ulysses, ring)
+  int dp = 1;                     // data-parallel degree (rows of the batch)
+  int zero = 0;                   // ZeRO stage of data parallelism (0: DDP)
+  double bucket_mb = 25.0;        // MiB per gradient-reduction bucket (0: one per set)
   std::string sp_style = "none";  // none, megatron (on the tp group), ulysses, ring
   bool mpi = false;               // the ranks are mpirun's processes
   bool check_parity = false;      // compare the plan with the serial model instead of training
@@ -147,6 +151,9 @@ void write_report(const std::string& path, const program_options& options,
       .member("tp", options.tp)
       .member("sp", options.sp)
       .member("sp_style", options.sp_style)
+      .member("dp", options.dp)
+      .member("zero", options.zero)
+      .member("bucket_mb", options.bucket_mb)
       .end_object();
   json.key("training")
       .begin_object()
@@ -292,9 +299,13 @@ void run_rank(const Source& source, const Source* held_out, const program_option
     fmt::print("  batch {} x seq {} ({} micro-batches), {} steps, lr {} -> {}\n", t.batch, t.seq,
                t.micro_batches, t.steps, t.lr, t.min_lr);
     fmt::print(
-        "  {} {} rank(s), tensor parallel {}, sequence parallel {} ({}), {} host thread(s) "
-        "per rank\n",
+        "  {} {} rank(s), tensor parallel {}, sequence parallel {} ({}), data parallel {}{}, {} "
+        "host thread(s) per rank\n",
         options.world, options.mpi ? "mpi" : "thread", options.tp, options.sp, options.sp_style,
+        options.dp,
+        options.world > 1
+            ? fmt::format(" (ZeRO-{}, buckets of {} MiB)", options.zero, options.bucket_mb)
+            : "",
         exec.threads());
     if (floor) fmt::print("  entropy floor of the source: {:.4f} nats/token\n", *floor);
     fmt::print("  data: {}\n", source.description());
@@ -400,13 +411,13 @@ void run_rank(const Source& source, const Source* held_out, const program_option
 
 // Runtime choices -> plan types: the dispatch table a user writes for a binary that must run
 // several plans. Each plan instantiates its own model code; what it does not use compiles away.
-// The tensor policy is in every row: at --tp 1 it is a group of one.
+// The data and tensor policies are in every row: at --dp 1 or --tp 1 each is a group of one.
 //
-//   --sp-style  plan<...>                                       mesh        the sequence
-//   none        tp<megatron_1d>                                 {.tp}       whole
-//   megatron    tp<megatron_1d>, sp<megatron_sp>                {.tp}       on the tp group
-//   ulysses     tp<megatron_1d>, sp<ulysses>                    {.tp, .sp}  on the sp axis
-//   ring        tp<megatron_1d>, sp<ring>                       {.tp, .sp}  on the sp axis
+//   --sp-style  plan<dp<zero<--zero>>, tp<megatron_1d>, ...>    mesh             the sequence
+//   none        (nothing more)                                  {.dp, .tp}       whole
+//   megatron    sp<megatron_sp>                                 {.dp, .tp}       on the tp group
+//   ulysses     sp<ulysses>                                     {.dp, .tp, .sp}  on the sp axis
+//   ring        sp<ring>                                        {.dp, .tp, .sp}  on the sp axis
 //
 // (A single rank with no --sp-style is the serial model, plan serial_plan and no mesh.)
 template <class Plan>
@@ -414,21 +425,41 @@ struct plan_type {
   using type = Plan;
 };
 
-template <class Fn>
-void with_plan(const std::string& sp_style, Fn&& fn) {
+template <int Zero, class Fn>
+void with_sequence_plan(const std::string& sp_style, Fn&& fn) {
   namespace par = quintet::parallel;
+  using data_parallel = par::dp<par::zero<Zero>>;
   using tensor_parallel = par::tp<par::megatron_1d>;
   if (sp_style == "none") {
-    fn(plan_type<quintet::plan<tensor_parallel>>{});
+    fn(plan_type<quintet::plan<data_parallel, tensor_parallel>>{});
   } else if (sp_style == "megatron") {
-    fn(plan_type<quintet::plan<tensor_parallel, par::sp<par::megatron_sp>>>{});
+    fn(plan_type<quintet::plan<data_parallel, tensor_parallel, par::sp<par::megatron_sp>>>{});
   } else if (sp_style == "ulysses") {
-    fn(plan_type<quintet::plan<tensor_parallel, par::sp<par::ulysses>>>{});
+    fn(plan_type<quintet::plan<data_parallel, tensor_parallel, par::sp<par::ulysses>>>{});
   } else if (sp_style == "ring") {
-    fn(plan_type<quintet::plan<tensor_parallel, par::sp<par::ring>>>{});
+    fn(plan_type<quintet::plan<data_parallel, tensor_parallel, par::sp<par::ring>>>{});
   } else {
     QUINTET_FAIL("--sp-style {}: expected none, megatron, ulysses or ring", sp_style);
   }
+}
+
+template <class Fn>
+void with_plan(const program_options& options, Fn&& fn) {
+  switch (options.zero) {
+    case 0:
+      return with_sequence_plan<0>(options.sp_style, fn);
+    case 1:
+      return with_sequence_plan<1>(options.sp_style, fn);
+    case 2:
+      return with_sequence_plan<2>(options.sp_style, fn);
+    default:
+      QUINTET_FAIL("--zero {}: expected 0, 1 or 2 (ZeRO-3 is not implemented yet)", options.zero);
+  }
+}
+
+// The mesh of the run's degrees.
+quintet::mesh_degrees degrees_of(const program_options& options) {
+  return {.dp = options.dp, .tp = options.tp, .sp = options.sp};
 }
 
 // One rank of a parallel run over `world` (thread_comm or mpi_comm): the mesh, the plan, the loop.
@@ -446,8 +477,8 @@ void run_parallel_rank(const Source& source, const Source* held_out, program_opt
                                       probe.flops_per_second / 1e9, options.world);
   }
   using mesh_type = quintet::device_mesh<Comm>;
-  mesh_type mesh(world, {.tp = options.tp, .sp = options.sp});
-  with_plan(options.sp_style, [&]<class Plan>(plan_type<Plan>) {
+  mesh_type mesh(world, degrees_of(options));
+  with_plan(options, [&]<class Plan>(plan_type<Plan>) {
     run_rank<Plan>(source, held_out, options, exec, &mesh, world.rank() == 0);
   });
 }
@@ -465,9 +496,9 @@ int check_parity(const Source& source, const program_options& options) {
   training.warmup_steps = std::min(training.warmup_steps, training.steps);
   const auto tolerance = quintet::train::parity_tolerance::for_adamw(training.lr, training.steps);
   bool passed = false;
-  with_plan(options.sp_style, [&]<class Plan>(plan_type<Plan>) {
-    const auto report = quintet::train::check_parity<float, Plan>(
-        source, options.model, training, {.tp = options.tp, .sp = options.sp}, tolerance);
+  with_plan(options, [&]<class Plan>(plan_type<Plan>) {
+    const auto report = quintet::train::check_parity<float, Plan>(source, options.model, training,
+                                                                  degrees_of(options), tolerance);
     fmt::print("{}", report.summary());
     passed = report.passed;
   });
@@ -476,9 +507,14 @@ int check_parity(const Source& source, const program_options& options) {
 
 // The degrees against each other and the world, with the reason when they do not fit.
 void check_parallel_options(const program_options& options) {
-  QUINTET_CHECK(options.world >= 1 && options.tp >= 1 && options.sp >= 1,
-                "--world {}, --tp {} and --sp {} must be positive", options.world, options.tp,
-                options.sp);
+  QUINTET_CHECK(options.world >= 1 && options.tp >= 1 && options.sp >= 1 && options.dp >= 1,
+                "--world {}, --tp {}, --sp {} and --dp {} must be positive", options.world,
+                options.tp, options.sp, options.dp);
+  QUINTET_CHECK(options.zero >= 0 && options.zero <= 2,
+                "--zero {}: expected 0, 1 or 2 (ZeRO-3 is not implemented yet)", options.zero);
+  QUINTET_CHECK(options.bucket_mb >= 0.0 && std::isfinite(options.bucket_mb),
+                "--bucket-mb {} must be a size in MiB (0: one bucket per set of parameters)",
+                options.bucket_mb);
   QUINTET_CHECK(options.sp_style != "megatron" || options.sp == 1,
                 "--sp-style megatron shards the sequence over the tp group (--tp), not over an sp "
                 "axis: --sp must be 1, not {} (use --sp-style ulysses or ring for an sp axis)",
@@ -486,11 +522,11 @@ void check_parallel_options(const program_options& options) {
   QUINTET_CHECK(options.sp == 1 || options.sp_style != "none",
                 "--sp {} needs --sp-style ulysses or ring to say how the sequence is split",
                 options.sp);
-  QUINTET_CHECK(options.world == options.tp * options.sp,
-                "--world {}{} must equal --tp {} x --sp {} = {}: data and pipeline parallelism "
-                "are not implemented yet",
-                options.world, options.mpi ? " (the ranks of mpirun)" : "", options.tp, options.sp,
-                options.tp * options.sp);
+  QUINTET_CHECK(options.world == options.dp * options.tp * options.sp,
+                "--world {}{} must equal --dp {} x --tp {} x --sp {} = {} (pipeline parallelism "
+                "does not run in train_gpt yet)",
+                options.world, options.mpi ? " (the ranks of mpirun)" : "", options.dp, options.tp,
+                options.sp, options.dp * options.tp * options.sp);
   QUINTET_CHECK(options.mpi || options.world == 1 || options.threads <= 1,
                 "--threads {} with --world {}: thread ranks run their kernels on one thread each "
                 "(OpenBLAS has one process-wide pool)",
@@ -591,13 +627,25 @@ int main(int argc, char** argv) {
   auto* world_option =
       app.add_option("--world", options.world,
                      "ranks, as threads of this process (under mpirun: its ranks; must equal "
-                     "--tp x --sp)")
+                     "--dp x --tp x --sp)")
           ->capture_default_str();
   app.add_option("--tp", options.tp, "tensor-parallel degree (Megatron column/row linears)")
       ->capture_default_str();
   app.add_option("--sp", options.sp,
                  "sequence-parallel degree: the sp axis of the mesh (--sp-style ulysses or ring)")
       ->capture_default_str();
+  app.add_option("--dp", options.dp,
+                 "data-parallel degree: each dp rank trains on its rows of the global batch")
+      ->capture_default_str();
+  app.add_option("--zero", options.zero,
+                 "ZeRO stage of data parallelism: 0 (DDP), 1 (optimizer state sharded), 2 (and "
+                 "gradients)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 2));
+  app.add_option("--bucket-mb", options.bucket_mb,
+                 "MiB per gradient-reduction bucket, launched while backward runs (0: one bucket)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--sp-style", options.sp_style,
                  "how the sequence is split: none, megatron (over the tp group; --sp 1), ulysses "
                  "(all-to-all over heads) or ring (ring attention, zig-zag)")
@@ -678,6 +726,8 @@ int main(int argc, char** argv) {
 
   try {
     options.source.seed = t.seed;
+    t.bucket_elements =
+        static_cast<std::int64_t>(options.bucket_mb * double(1 << 20) / double(sizeof(float)));
     if (!options.data_path.empty()) {
       // The last --held-out of the file is never trained on.
       const auto split = quintet::byte_corpus::from_file(options.data_path, t.seed)

@@ -476,3 +476,58 @@ TEST_CASE("parameter_registry: buckets() flattens on first use", "[nn][parameter
   CHECK(w.value.data() == buckets[0].values.data());
   CHECK(std::vector<float>(w.value.data(), w.value.data() + w.value.numel()) == before);
 }
+
+TEST_CASE("parameter_registry: buckets of a size limit, padded to split over their partial axes",
+          "[nn][parameter][flatten]") {
+  using quintet::nn::bucket_layout;
+  using quintet::nn::initializer;
+  using quintet::nn::parameter_registry;
+  // dp = 3: every gradient is partial over dp (as parallel::zero's rule makes it).
+  quintet::parallel::mesh_position position{};
+  quintet::parallel::position_on(position, mesh_axis::dp) = {.degree = 3, .coordinate = 2};
+  parameter_registry<float, host> registry(5, position, [](const quintet::parallel::placement&) {
+    return quintet::mesh_axis_set{mesh_axis::dp};
+  });
+  // 20, 40, 8 and 100 elements: padded to 32, 48, 16 and 112 (16 floats per 64-byte line).
+  for (const auto& [name, n] : std::vector<std::pair<std::string, std::int64_t>>{
+           {"a", 20}, {"b", 40}, {"c", 8}, {"d", 100}})
+    registry.add(name, shape{n}, initializer::normal(1.0));
+  std::vector<std::vector<float>> before;
+  for (auto& p : registry) before.emplace_back(p.value.data(), p.value.data() + p.value.numel());
+  registry.flatten(bucket_layout{.max_elements = 96, .shardable = true});
+  auto& buckets = registry.buckets();
+  // a, b and c (32 + 48 + 16 = 96) fit in one bucket of 96; d (112) is larger: a bucket alone.
+  REQUIRE(buckets.size() == 2);
+  CHECK(buckets[0].parameters.size() == 3);
+  CHECK(buckets[1].parameters.size() == 1);
+  // Each padded to a multiple of 3 ranks x 16 floats: 96 -> 96, 112 -> 144.
+  CHECK(buckets[0].values.numel() == 96);
+  CHECK(buckets[1].values.numel() == 144);
+  std::size_t i = 0;
+  for (auto& p : registry) {
+    CHECK(std::vector<float>(p.value.data(), p.value.data() + p.value.numel()) == before[i++]);
+    CHECK(reinterpret_cast<std::uintptr_t>(p.grad.data()) % 64 == 0);
+  }
+
+  SECTION("release_gradients drops the buffers; zero_grad makes them again, zeroed") {
+    registry.find("b").grad.data()[0] = 3.0f;
+    registry.release_gradients();
+    CHECK(registry.gradients_released());
+    for (auto& bucket : buckets) CHECK(bucket.grads.data() == nullptr);
+    CHECK(registry.find("b").grad.data() == nullptr);
+    registry.zero_grad();
+    CHECK_FALSE(registry.gradients_released());
+    auto& b = registry.find("b");
+    REQUIRE(b.grad.data() != nullptr);
+    CHECK(b.grad.data() == buckets[0].grads.data() + buckets[0].offsets[1]);
+    CHECK(b.grad.shape() == shape{40});
+    for (auto& bucket : buckets)
+      for (std::int64_t k = 0; k < bucket.grads.numel(); ++k) REQUIRE(bucket.grads.data()[k] == 0);
+  }
+  SECTION("a negative size is refused") {
+    parameter_registry<float, host> other(5);
+    other.add("w", shape{4}, initializer::constant(1.0));
+    REQUIRE_THROWS_WITH(other.flatten(bucket_layout{.max_elements = -1}),
+                        Catch::Contains("buckets of at most -1 elements"));
+  }
+}

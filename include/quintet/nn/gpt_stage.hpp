@@ -11,6 +11,11 @@
 // (`embedding.token_weight`, the same values), and both copies are marked in their placement as
 // held by the first and the last stage; their gradients are summed between the two once per step
 // (the pipeline's job). The plan's strategies apply inside every stage as in the serial model.
+//
+// on_gradients_ready(hook): backward (or backward_weight) calls hook(parameters) as soon as a
+// piece's parameter gradients of this micro-batch are complete — the head's first, the
+// embedding's (with the tied table) last — so data parallelism can reduce them while the rest of
+// backward runs.
 #pragma once
 
 #include <quintet/core/error.hpp>
@@ -39,8 +44,10 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -127,6 +134,8 @@ class gpt_stage {
   using output_type = gpt_stage_output<T, Device>;
   using gradient_type = gpt_stage_gradient<T, Device>;
   using input_gradient_type = quintet::tensor<T, Device>;  // no data from the first stage
+  // Called with the parameters whose gradients a piece's backward has just completed.
+  using gradients_ready_hook = std::function<void(std::span<parameter<T, Device>* const>)>;
 
   gpt_stage(parameter_registry<T, Device>& registry, const execution<Device>& exec,
             const gpt_config& config, stage_cut cut, Mesh* mesh = nullptr)
@@ -142,7 +151,9 @@ class gpt_stage {
     if (holds_embedding())
       embedding_.emplace(registry, exec, "embedding", config.vocab, config.max_seq, config.d_model,
                          config.init_stddev, mesh);
+    embedding_parameters_ = registered_since(registry, first_parameter);
     if (holds_head()) final_norm_.emplace(registry, exec, "final_norm", config.d_model);
+    head_parameters_ = registered_since(registry, first_parameter + embedding_parameters_.size());
     // GPT-2 scales the projections into the residual stream by 1/sqrt(2 L): the stream's variance
     // then stays O(1) however deep the model.
     const block_options options{
@@ -153,9 +164,13 @@ class gpt_stage {
         .proj_init_stddev =
             config.init_stddev / std::sqrt(2.0 * static_cast<double>(config.layers))};
     for (std::int64_t piece = std::max<std::int64_t>(cut_.first_piece, 1);
-         piece < std::min(cut_.end_piece, config.layers + 1); ++piece)
+         piece < std::min(cut_.end_piece, config.layers + 1); ++piece) {
+      const std::size_t before = registry.size();
       blocks_.push_back(std::make_unique<block_type>(
           registry, exec, "blocks." + std::to_string(piece - 1), options, mesh));
+      block_parameters_.push_back(registered_since(registry, before));
+    }
+    const std::size_t before_head = registry.size();
     if (holds_head() && !config.tie_weights)
       head_.emplace(projections::make_column(
           registry, exec, mesh, "lm_head", config.d_model,
@@ -169,6 +184,7 @@ class gpt_stage {
       // The last stage's copy of the token table, registered as the embedding registers it.
       tied_table_ = &embedding<T, Device, Plan, Mesh>::add_token_table(
           registry, "embedding", config.vocab, config.d_model, config.init_stddev, mesh);
+    for (auto* p : registered_since(registry, before_head)) head_parameters_.push_back(p);
     mark_stages(registry, first_parameter);
   }
   gpt_stage(parameter_registry<T, Device>&, const execution<Device>&&, const gpt_config&, stage_cut,
@@ -229,10 +245,13 @@ class gpt_stage {
     const std::int64_t seq = saved(ctx).seq;
     quintet::tensor<T, Device> dx = blocks_backward(
         ctx, gradient, false, [&](block_type& block, tensor_view<const T, Device> dy) {
-          return block.backward(ctx, dy);
+          quintet::tensor<T, Device> block_dx = block.backward(ctx, dy);
+          announce(parameters_of(block));
+          return block_dx;
         });
     if (!holds_embedding()) return dx;
     embedding_->backward(ctx, dx.view(), sequence::activation_layout(mesh_, seq));
+    announce(embedding_parameters_);
     return {};
   }
 
@@ -259,12 +278,20 @@ class gpt_stage {
         ctx.erase("lm_head.output_grad");
       }
       final_norm_->backward_weight(ctx);
+      announce(head_parameters_);
     }
-    for (auto block = blocks_.rbegin(); block != blocks_.rend(); ++block)
+    for (auto block = blocks_.rbegin(); block != blocks_.rend(); ++block) {
       (*block)->backward_weight(ctx);
-    if (holds_embedding())
+      announce(parameters_of(**block));
+    }
+    if (holds_embedding()) {
       embedding_->backward_weight(ctx, sequence::activation_layout(mesh_, seq));
+      announce(embedding_parameters_);
+    }
   }
+
+  // From now on, `hook` hears of every piece's completed gradients (none: an empty function).
+  void on_gradients_ready(gradients_ready_hook hook) { gradients_ready_ = std::move(hook); }
 
   bool holds_embedding() const { return cut_.first_piece == 0; }
   bool holds_head() const { return cut_.end_piece == config_.pieces(); }
@@ -326,6 +353,22 @@ class gpt_stage {
     return tied_table_ != nullptr ? *tied_table_ : embedding_->token_weight();
   }
 
+  static std::vector<parameter<T, Device>*> registered_since(
+      parameter_registry<T, Device>& registry, std::size_t first) {
+    std::vector<parameter<T, Device>*> out;
+    for (auto p = registry.begin() + static_cast<std::ptrdiff_t>(first); p != registry.end(); ++p)
+      out.push_back(&*p);
+    return out;
+  }
+  const std::vector<parameter<T, Device>*>& parameters_of(const block_type& block) const {
+    for (std::size_t i = 0; i < blocks_.size(); ++i)
+      if (blocks_[i].get() == &block) return block_parameters_[i];
+    QUINTET_FAIL("gpt stage {}: a block it does not hold", cut_.index);
+  }
+  void announce(const std::vector<parameter<T, Device>*>& parameters) {
+    if (gradients_ready_ && !parameters.empty()) gradients_ready_(parameters);
+  }
+
   // The head's (or the next stage's) gradient through the blocks, last first, by `pass`: dx
   // (batch, rows, d) into the embedding or the previous stage.
   template <class Pass>
@@ -335,6 +378,7 @@ class gpt_stage {
     quintet::tensor<T, Device> dx;
     if (holds_head()) {
       dx = head_backward(ctx, gradient.loss_scale, split);
+      if (!split) announce(head_parameters_);
     } else {
       const saved_micro_batch kept = saved(ctx);
       const shape expected{kept.batch, sequence::activation_layout(mesh_, kept.seq).rows(),
@@ -460,6 +504,10 @@ class gpt_stage {
   std::vector<std::unique_ptr<block_type>> blocks_;
   std::optional<typename projections::column> head_;  // only when the weights are not tied
   parameter<T, Device>* tied_table_ = nullptr;        // the last stage's copy of the table
+  // The parameters each piece registered: what a piece's backward completes.
+  std::vector<parameter<T, Device>*> embedding_parameters_, head_parameters_;
+  std::vector<std::vector<parameter<T, Device>*>> block_parameters_;
+  gradients_ready_hook gradients_ready_;
 };
 
 static_assert(stage<gpt_stage<float, host>>);

@@ -12,6 +12,12 @@
 //   bucket {partial: tp}   [ ln1.weight | pad | ln1.bias | pad | proj.bias | ... ]
 // Each parameter starts on a 64-byte boundary, as its own allocation did, so kernels see the same
 // alignment (and give the same bits) before and after.
+//
+// Data parallelism asks for more (flatten(bucket_layout)): buckets of at most `max_elements`,
+// cut at parameter boundaries, so the first ones backward completes are reduced while the rest
+// is computed; and buckets padded to split evenly, 64-byte aligned, over the ranks they are
+// reduced over (ZeRO's shards). ZeRO-2 drops the gradient buffers between steps
+// (release_gradients(); zero_grad() makes them again).
 #pragma once
 
 #include <quintet/core/error.hpp>
@@ -78,6 +84,13 @@ struct parameter_bucket {
   quintet::tensor<T, Device> grads;   // (padded elements); padding stays zero
   std::vector<parameter<T, Device>*> parameters;
   std::vector<std::int64_t> offsets;
+};
+
+// How flatten() cuts a set of parameters with the same partial axes into buckets.
+struct bucket_layout {
+  std::int64_t max_elements = 0;  // 0: one bucket per set; else at most this many (a larger
+                                  // parameter gets a bucket of its own)
+  bool shardable = false;         // pad each bucket to split evenly over its partial axes' ranks
 };
 
 template <class T, class Device>
@@ -151,17 +164,40 @@ class parameter_registry {
     QUINTET_FAIL("parameter_registry: no parameter named '{}'", name);
   }
 
+  // Zero gradients (made again first, after release_gradients()).
   void zero_grad() {
     if (!buckets_.empty()) {
-      for (auto& bucket : buckets_) fill(bucket.grads, T(0));
+      for (auto& bucket : buckets_) {
+        if (gradients_released_) {
+          bucket.grads = quintet::tensor<T, Device>(bucket.values.shape());
+          point_gradients(bucket);
+        }
+        fill(bucket.grads, T(0));
+      }
+      gradients_released_ = false;
       return;
     }
     for (auto& p : parameters_) fill(p.grad, T(0));
   }
 
+  // Frees every bucket's gradient buffer (ZeRO-2 keeps only its reduced shard between steps);
+  // parameters' grad views are empty until zero_grad().
+  void release_gradients() {
+    QUINTET_CHECK(!buckets_.empty(),
+                  "parameter_registry: gradients are released only once flattened into buckets");
+    for (auto& bucket : buckets_) {
+      bucket.grads = quintet::tensor<T, Device>();
+      for (auto* p : bucket.parameters) p->grad = {};
+    }
+    gradients_released_ = true;
+  }
+  bool gradients_released() const { return gradients_released_; }
+
   // Moves every parameter's value and gradient into its bucket's flat buffers (bit for bit) and
   // frees their own storage. Once flattened, no parameter can be added. Idempotent.
-  void flatten() {
+  void flatten(const bucket_layout& layout = {}) {
+    QUINTET_CHECK(layout.max_elements >= 0, "parameter_registry: buckets of at most {} elements",
+                  layout.max_elements);
     if (!buckets_.empty() || parameters_.empty()) return;
     // Buckets in order of first appearance, parameters in registration order within each.
     std::map<std::uint8_t, std::size_t> index;
@@ -178,28 +214,45 @@ class parameter_registry {
     }
     std::deque<parameter_bucket<T, Device>> buckets;
     for (std::size_t b = 0; b < members.size(); ++b) {
-      parameter_bucket<T, Device>& bucket = buckets.emplace_back();
-      bucket.partial_axes = keys[b];
-      std::int64_t total = 0;
+      // Consecutive runs of the set's parameters, each within the size limit.
+      std::vector<std::vector<parameter<T, Device>*>> runs(1);
+      std::int64_t run_elements = 0;
       for (auto* p : members[b]) {
-        bucket.parameters.push_back(p);
-        bucket.offsets.push_back(total);
-        total += aligned(p->value.numel());
+        const std::int64_t n = aligned(p->value.numel());
+        if (layout.max_elements > 0 && !runs.back().empty() &&
+            run_elements + n > layout.max_elements) {
+          runs.emplace_back();
+          run_elements = 0;
+        }
+        runs.back().push_back(p);
+        run_elements += n;
       }
-      bucket.values = quintet::tensor<T, Device>(shape{total});
-      bucket.grads = quintet::tensor<T, Device>(shape{total});
-      fill(bucket.values, T(0));
-      fill(bucket.grads, T(0));
-      for (std::size_t i = 0; i < bucket.parameters.size(); ++i) {
-        parameter<T, Device>& p = *bucket.parameters[i];
-        const shape local = p.value.shape();
-        const std::int64_t begin = bucket.offsets[i], n = local.numel();
-        const auto value = reshape(slice(bucket.values, 0, begin, begin + n), local);
-        const auto grad = reshape(slice(bucket.grads, 0, begin, begin + n), local);
-        copy(value, p.value);
-        copy(grad, p.grad);
-        p.value = value;
-        p.grad = grad;
+      const std::int64_t ranks = layout.shardable ? group_size(keys[b]) : 1;
+      for (auto& run : runs) {
+        parameter_bucket<T, Device>& bucket = buckets.emplace_back();
+        bucket.partial_axes = keys[b];
+        std::int64_t total = 0;
+        for (auto* p : run) {
+          bucket.parameters.push_back(p);
+          bucket.offsets.push_back(total);
+          total += aligned(p->value.numel());
+        }
+        total = (total + ranks * per_line - 1) / (ranks * per_line) * (ranks * per_line);
+        bucket.values = quintet::tensor<T, Device>(shape{total});
+        bucket.grads = quintet::tensor<T, Device>(shape{total});
+        fill(bucket.values, T(0));
+        fill(bucket.grads, T(0));
+        for (std::size_t i = 0; i < bucket.parameters.size(); ++i) {
+          parameter<T, Device>& p = *bucket.parameters[i];
+          const shape local = p.value.shape();
+          const std::int64_t begin = bucket.offsets[i], n = local.numel();
+          const auto value = reshape(slice(bucket.values, 0, begin, begin + n), local);
+          const auto grad = reshape(slice(bucket.grads, 0, begin, begin + n), local);
+          copy(value, p.value);
+          copy(grad, p.grad);
+          p.value = value;
+          p.grad = grad;
+        }
       }
     }
     buckets_ = std::move(buckets);
@@ -229,10 +282,26 @@ class parameter_registry {
   const parallel::mesh_position& position() const { return position_; }
 
  private:
+  static constexpr std::int64_t per_line = std::max<std::int64_t>(1, 64 / sizeof(T));
   // Elements rounded up to a 64-byte boundary.
-  static std::int64_t aligned(std::int64_t n) {
-    constexpr std::int64_t per_line = std::max<std::int64_t>(1, 64 / sizeof(T));
-    return (n + per_line - 1) / per_line * per_line;
+  static std::int64_t aligned(std::int64_t n) { return (n + per_line - 1) / per_line * per_line; }
+
+  // Ranks of the group over the axes `axes` (the product of their degrees).
+  std::int64_t group_size(mesh_axis_set axes) const {
+    std::int64_t ranks = 1;
+    axes.for_each(
+        [&](mesh_axis axis) { ranks *= position_[static_cast<std::size_t>(axis)].degree; });
+    return ranks;
+  }
+
+  // Each of the bucket's parameters' grad views onto its range of bucket.grads.
+  static void point_gradients(parameter_bucket<T, Device>& bucket) {
+    for (std::size_t i = 0; i < bucket.parameters.size(); ++i) {
+      parameter<T, Device>& p = *bucket.parameters[i];
+      const shape local = p.value.shape();
+      const std::int64_t begin = bucket.offsets[i];
+      p.grad = reshape(slice(bucket.grads, 0, begin, begin + local.numel()), local);
+    }
   }
 
   std::uint64_t seed_;
@@ -242,6 +311,7 @@ class parameter_registry {
   // Each parameter's (value, grad) storage until flatten().
   std::deque<std::pair<quintet::tensor<T, Device>, quintet::tensor<T, Device>>> own_storage_;
   std::deque<parameter_bucket<T, Device>> buckets_;
+  bool gradients_released_ = false;
 };
 
 }  // namespace quintet::nn

@@ -4,7 +4,9 @@
 //
 // The state is keyed by parameter name and covers a range of the flattened parameter: the whole
 // of it by default, or the range this rank owns (own(), what ZeRO gives each data-parallel rank),
-// in which case the update touches only that range and the moments are that range's size.
+// in which case the update touches only that range and the moments are that range's size. ZeRO
+// keeps the reduced gradient of that range apart from the parameter's (its shard of the bucket):
+// own(name, range, gradient) reads it from there.
 #pragma once
 
 #include <quintet/core/error.hpp>
@@ -36,6 +38,7 @@ class adamw {
     quintet::tensor<state_type, Device> m, v;
     parallel::flat_range range;
     bool whole = true;
+    tensor_view<T, Device> gradient{};  // the range's gradient, when not the parameter's own
   };
 
   adamw(nn::parameter_registry<T, Device>& registry, const execution<Device>& exec,
@@ -62,15 +65,22 @@ class adamw {
 
   // From now on this rank updates only `range` of parameter `name`'s flattened elements; its
   // moments restart at zero over that range (call before the first step).
-  void own(std::string_view name, parallel::flat_range range) {
+  // `gradient` (range.size() elements), when given, holds that range's gradient from then on.
+  void own(std::string_view name, parallel::flat_range range,
+           tensor_view<T, Device> gradient = {}) {
     moments& state = find(name);
     const std::int64_t numel = registry_.find(name).value.numel();
     QUINTET_CHECK(0 <= range.begin && range.begin <= range.end && range.end <= numel,
                   "adamw: range [{}, {}) is outside parameter '{}' of {} elements", range.begin,
                   range.end, name, numel);
     QUINTET_CHECK(steps_ == 0, "adamw: parameter '{}' changes owner after {} steps", name, steps_);
+    QUINTET_CHECK(gradient.data() == nullptr || gradient.numel() == range.size(),
+                  "adamw: a gradient of {} elements for the range [{}, {}) of parameter '{}'",
+                  gradient.numel(), range.begin, range.end, name);
     state.range = range;
-    state.whole = range.begin == 0 && range.end == numel;
+    state.gradient = gradient.data() == nullptr ? tensor_view<T, Device>{}
+                                                : reshape(gradient, shape{range.size()});
+    state.whole = range.begin == 0 && range.end == numel && state.gradient.data() == nullptr;
     // The whole parameter keeps moments of its shape (the update sees them beside the value).
     const shape moments_shape =
         state.whole ? registry_.find(name).value.shape() : shape{range.size()};
@@ -95,8 +105,10 @@ class adamw {
       if (state.whole) {
         kernels::adamw_update(exec_, p.value, p.grad, state.m, state.v, hp, steps_, grad_scale);
       } else if (state.range.size() > 0) {
-        kernels::adamw_update(exec_, range_of(p.value, state.range), range_of(p.grad, state.range),
-                              state.m, state.v, hp, steps_, grad_scale);
+        kernels::adamw_update(
+            exec_, range_of(p.value, state.range),
+            state.gradient.data() != nullptr ? state.gradient : range_of(p.grad, state.range),
+            state.m, state.v, hp, steps_, grad_scale);
       }
     }
   }

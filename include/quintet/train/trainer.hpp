@@ -8,6 +8,11 @@
 // micro-batches run as a step list (forward, backward of each in turn) through the executor that
 // pipeline schedules will drive with their own lists.
 //
+// Data parallelism (dp<zero<S>>) splits the global batch by rows over the dp ranks, each taking
+// its micro-batches from its rows; the count of targets and the loss are summed over dp, so the
+// gradient is that of the global mean however the rows fall. Gradients are reduced in buckets
+// while backward runs and, under ZeRO, each rank updates its shard (parallel/data/).
+//
 // evaluate(source, batches) scores the model as it stands on other data (a held-out source): the
 // forward alone, on every rank under the trainer's plan, into contexts it then drops — no gradient,
 // no optimizer state, no step counter changes, so training with or without evaluations gives the
@@ -24,6 +29,7 @@
 #include <quintet/optim/adamw.hpp>
 #include <quintet/optim/gradient_norm.hpp>
 #include <quintet/optim/lr_schedule.hpp>
+#include <quintet/parallel/data/data_parallel_runtime.hpp>
 #include <quintet/parallel/gradient_norm.hpp>
 #include <quintet/parallel/plan.hpp>
 #include <quintet/parallel/synchronize_gradients.hpp>
@@ -32,6 +38,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <optional>
+#include <variant>
 #include <vector>
 
 namespace quintet::train {
@@ -49,6 +57,9 @@ struct training_options {
   double beta2 = 0.95;
   double clip_norm = 1.0;  // <= 0: no clipping
   std::uint64_t seed = 1234;
+  // Data parallelism: elements per gradient-reduction bucket (0: one bucket per set of partial
+  // axes, reduced after backward).
+  std::int64_t bucket_elements = 0;
 
   void validate() const {
     QUINTET_CHECK(steps >= 1, "training: {} steps, need at least 1", steps);
@@ -61,6 +72,10 @@ struct training_options {
                   clip_norm);
     QUINTET_CHECK(warmup_steps >= 0 && warmup_steps <= steps,
                   "training: {} warm-up steps exceed the {} steps of the run", warmup_steps, steps);
+    QUINTET_CHECK(bucket_elements >= 0,
+                  "training: gradient buckets of {} elements; give a positive size (or 0: one "
+                  "bucket per set of partial axes)",
+                  bucket_elements);
   }
 };
 
@@ -89,9 +104,18 @@ class trainer {
   static_assert(!Plan::template has<parallel::strategy::pipeline>,
                 "train::trainer runs the whole model on every rank: a plan with parallel::pp<...> "
                 "needs the pipeline executor");
-  static_assert(Plan::batch_split_axes.empty(),
-                "train::trainer gives every rank the whole global batch: a plan that splits the "
-                "batch over ranks (data parallelism) needs the data-parallel loop");
+  static_assert(Plan::batch_split_axes.empty() ||
+                    Plan::batch_split_axes == mesh_axis_set{mesh_axis::dp},
+                "train::trainer splits the batch over the dp axis only");
+  static constexpr bool is_data_parallel = Plan::template has<parallel::strategy::data>;
+  template <bool, class M>
+  struct runtime_slot {
+    using type = std::monostate;
+  };
+  template <class M>
+  struct runtime_slot<true, M> {
+    using type = std::optional<parallel::data_parallel_runtime<T, host, M>>;
+  };
 
  public:
   // `mesh` is this rank's device mesh (null for the serial model); the model checks it against the
@@ -112,6 +136,22 @@ class trainer {
                     .eps = 1e-8,
                     .weight_decay = options.weight_decay}),
         schedule_(options.lr, options.min_lr, options.warmup_steps, options.steps) {
+    if constexpr (is_data_parallel) {
+      const int dp = mesh_->dp().size();
+      QUINTET_CHECK(options.batch % (std::int64_t{dp} * options.micro_batches) == 0,
+                    "training: a global batch of {} sequences does not split over dp = {} ranks x "
+                    "{} micro-batches",
+                    options.batch, dp, options.micro_batches);
+      const parallel::data_parallel_options dp_options{
+          .zero_stage = Plan::template style<parallel::strategy::data>::stage,
+          .bucket_elements = options.bucket_elements};
+      registry_.flatten(parallel::data_parallel_runtime<T, host, Mesh>::layout(dp_options));
+      data_parallel_.emplace(registry_, *mesh_, dp_options);
+      data_parallel_->own_optimizer_state(optimizer_);
+      model_.stage().on_gradients_ready([this](std::span<nn::parameter<T, host>* const> ready) {
+        data_parallel_->gradients_ready(ready);
+      });
+    }
     registry_.flatten();
     QUINTET_CHECK(model.vocab >= source.vocab_size(),
                   "training: the model's vocabulary ({}) is smaller than the data's ({})",
@@ -133,11 +173,17 @@ class trainer {
     std::vector<token_batch> micro;
     micro.reserve(static_cast<std::size_t>(options_.micro_batches));
     std::int64_t tokens = 0, counted = 0;
+    const row_range rows = rank_rows();
     for (std::int64_t i = 0; i < options_.micro_batches; ++i) {
-      micro.push_back(source_.batch(
-          step, split_rows({0, options_.batch}, options_.micro_batches, i), options_.seq));
+      micro.push_back(
+          source_.batch(step, split_rows(rows, options_.micro_batches, i), options_.seq));
       tokens += micro.back().targets.numel();
       counted += counted_targets(micro.back());
+    }
+    const std::int64_t local_counted = counted;
+    if constexpr (is_data_parallel) {
+      tokens *= mesh_->dp().size();
+      counted = sum_over_dp(counted);
     }
     QUINTET_CHECK(counted > 0, "training: every target of step {} is padding", step);
     // Every micro-batch's backward takes d(mean)/d(its loss sum) = 1 / (targets that count in the
@@ -145,6 +191,7 @@ class trainer {
     // split and wherever its padding falls. Every rank holds the whole batch, so every rank knows
     // the count before the first backward.
     registry_.zero_grad();
+    if constexpr (is_data_parallel) data_parallel_->begin_step(static_cast<int>(micro.size()));
     const double scale = 1.0 / static_cast<double>(counted);
     using stage_type = typename nn::gpt<T, host, Plan, Mesh>::stage_type;
     const auto outputs = executor_.run(
@@ -164,19 +211,28 @@ class trainer {
       loss_sum += out.loss.loss_sum;
       scored += out.loss.count;
     }
-    QUINTET_CHECK(scored == counted,
+    QUINTET_CHECK(scored == local_counted,
                   "training: step {} counted {} targets but the model scored {}: it skips another "
                   "padding id than kernels::no_target",
-                  step, counted, scored);
+                  step, local_counted, scored);
+    double norm = 0.0;
+    if constexpr (is_data_parallel) {
+      // The buckets backward launched, and any it did not, complete here.
+      data_parallel_->finish_reduction();
+      loss_sum = sum_over_dp(loss_sum);
+      norm = data_parallel_->template gradient_norm<Plan>(exec_);
+    } else {
+      // Once per step, after every micro-batch: the gradients the plan left partial, accumulated
+      // over the micro-batches, are summed (summing per micro-batch would count the earlier ones
+      // again).
+      parallel::synchronize_gradients(registry_, *mesh_);
+      norm = parallel::global_gradient_norm<Plan>(exec_, registry_, *mesh_);
+    }
     const double loss = loss_sum / static_cast<double>(counted);
     QUINTET_CHECK(std::isfinite(loss), "training stopped at step {}: the loss is {}", step, loss);
-    // Once per step, after every micro-batch: the gradients the plan left partial, accumulated
-    // over the micro-batches, are summed (summing per micro-batch would count the earlier ones
-    // again).
-    parallel::synchronize_gradients(registry_, *mesh_);
-    const double norm = parallel::global_gradient_norm<Plan>(exec_, registry_, *mesh_);
     const double lr = schedule_(step);
     optimizer_.step(lr, optim::clip_factor(norm, options_.clip_norm));
+    if constexpr (is_data_parallel) data_parallel_->gather_parameters();
     ++next_step_;
     const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
     return {step, loss, norm, lr, elapsed.count(), tokens};
@@ -195,16 +251,21 @@ class trainer {
     const auto start = std::chrono::steady_clock::now();
     double loss_sum = 0.0;
     std::int64_t counted = 0;
+    const row_range rows = rank_rows();
     for (std::int64_t b = 0; b < batches; ++b) {
       for (std::int64_t i = 0; i < options_.micro_batches; ++i) {
-        const token_batch micro = source.batch(
-            b, split_rows({0, options_.batch}, options_.micro_batches, i), options_.seq);
+        const token_batch micro =
+            source.batch(b, split_rows(rows, options_.micro_batches, i), options_.seq);
         nn::context<host> ctx;  // dropped: nothing of the forward is kept
         const auto out = model_.stage().forward(
             ctx, {.tokens = micro.inputs.view(), .targets = micro.targets.view()});
         loss_sum += out.loss.loss_sum;
         counted += out.loss.count;
       }
+    }
+    if constexpr (is_data_parallel) {
+      loss_sum = sum_over_dp(loss_sum);
+      counted = sum_over_dp(counted);
     }
     QUINTET_CHECK(counted > 0, "evaluation: every target of the {} batches is padding", batches);
     const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
@@ -218,6 +279,8 @@ class trainer {
   std::int64_t next_step() const { return next_step_; }
   nn::parameter_registry<T, host>& parameters() { return registry_; }
   const training_options& options() const { return options_; }
+  // Data parallelism's state (buckets, memory, the last step's reduction timeline).
+  auto& data_parallel() requires is_data_parallel { return *data_parallel_; }
   // What a decoder over the trained parameters needs (nn::gpt_decoder): the model's
   // configuration, the execution context and this rank's mesh (null for the serial model).
   const nn::gpt_config& model_config() const { return model_.config(); }
@@ -237,6 +300,22 @@ class trainer {
     for (std::int64_t i = 0; i < batch.targets.numel(); ++i)
       n += targets[i] != kernels::no_target ? 1 : 0;
     return n;
+  }
+
+  // The rows of the global batch this rank trains on: all, or its dp rank's share.
+  row_range rank_rows() const {
+    if constexpr (is_data_parallel) {
+      return split_rows({0, options_.batch}, mesh_->dp().size(), mesh_->dp().rank());
+    } else {
+      return {0, options_.batch};
+    }
+  }
+  template <class Value>
+  Value sum_over_dp(Value value) {
+    quintet::tensor<Value, host> sum(shape{1});
+    sum(0) = value;
+    all_reduce_from_host(mesh_->dp(), sum, reduce_op::sum);
+    return sum(0);
   }
 
   // The serial model needs no mesh; it gets a no_mesh of its own.
@@ -266,6 +345,7 @@ class trainer {
   executor<typename nn::gpt<T, host, Plan, Mesh>::stage_type> executor_;
   optim::adamw<T, host> optimizer_;
   optim::cosine_schedule schedule_;
+  typename runtime_slot<is_data_parallel, Mesh>::type data_parallel_;
   std::int64_t next_step_ = 0;
 };
 

@@ -1,0 +1,229 @@
+// Data parallelism with ZeRO stages 0, 1 and 2 proven by parity with the serial GPT: the global
+// batch split by rows over dp and into micro-batches, K = 5 AdamW steps, every step's loss and
+// every parameter compared with the serial run (the tensor-parallel tolerances: data parallelism
+// only changes the order of sums — the dp ranks' partial gradients, their losses). Also: degree 1
+// is the serial model bit for bit, the bytes each rank holds and moves match ZeRO's formulas, and
+// the first bucket's reduction starts before backward ends.
+#include <catch2/catch.hpp>
+
+#include "gpt_parity.hpp"
+
+#include <quintet/comm/counting_comm.hpp>
+#include <quintet/comm/thread_comm.hpp>
+#include <quintet/parallel/data/zero.hpp>
+
+#include <vector>
+
+using quintet::host;
+
+namespace {
+
+using namespace quintet::test;
+namespace train = quintet::train;
+
+template <int Stage>
+using dp_plan = quintet::plan<par::dp<par::zero<Stage>>>;
+
+// The parity setup's run with a global batch of 8 in 2 micro-batches (so dp 4 still has two
+// micro-batches of one sequence), and buckets of `bucket_elements`.
+train::training_options dp_training(std::int64_t bucket_elements) {
+  train::training_options options = training;
+  options.batch = 8;
+  options.micro_batches = 2;
+  options.bucket_elements = bucket_elements;
+  return options;
+}
+
+template <class Plan>
+std::vector<run_result> run_plan(quintet::mesh_degrees degrees,
+                                 const train::training_options& options) {
+  const int world = degrees.dp * degrees.tp * degrees.sp;
+  std::vector<run_result> ranks(static_cast<std::size_t>(world));
+  quintet::thread_world{world}.run([&](quintet::thread_comm& comm) {
+    const quintet::execution<host> exec(1);
+    quintet::device_mesh<quintet::thread_comm> mesh(comm, degrees);
+    ranks[static_cast<std::size_t>(comm.rank())] =
+        train::parity_rank<float, Plan>(source, config, options, exec, &mesh);
+  });
+  return ranks;
+}
+
+run_result serial_of(const train::training_options& options) {
+  const quintet::execution<host> exec(1);
+  return train::parity_rank<float, quintet::serial_plan, quintet::markov_source, par::no_mesh>(
+      source, config, options, exec, nullptr);
+}
+
+template <int Stage>
+void check_stage() {
+  for (const std::int64_t bucket : {std::int64_t{0}, std::int64_t{700}}) {
+    const auto options = dp_training(bucket);
+    const run_result serial = serial_of(options);
+    for (const int dp : {2, 4}) {
+      INFO("zero<" << Stage << ">, dp = " << dp << ", buckets of " << bucket << " elements");
+      require_matches_serial(serial, run_plan<dp_plan<Stage>>({.dp = dp}, options));
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("zero<0> (DDP) matches the serial GPT step by step", "[parity][data]") {
+  check_stage<0>();
+}
+TEST_CASE("zero<1> matches the serial GPT step by step", "[parity][data]") { check_stage<1>(); }
+TEST_CASE("zero<2> matches the serial GPT step by step", "[parity][data]") { check_stage<2>(); }
+
+TEST_CASE("data parallelism of degree 1 is the serial GPT bit for bit", "[parity][data]") {
+  const auto options = dp_training(700);
+  const run_result serial = serial_of(options);
+  require_identical(serial, run_plan<dp_plan<0>>({.dp = 1}, options)[0]);
+  require_identical(serial, run_plan<dp_plan<1>>({.dp = 1}, options)[0]);
+  require_identical(serial, run_plan<dp_plan<2>>({.dp = 1}, options)[0]);
+}
+
+TEST_CASE("data parallelism composes with tensor and sequence parallelism", "[parity][data]") {
+  const auto options = dp_training(700);
+  const run_result serial = serial_of(options);
+  SECTION("dp 2 x tp 2, zero<1>") {
+    using plan = quintet::plan<par::dp<par::zero<1>>, par::tp<par::megatron_1d>>;
+    require_matches_serial(serial, run_plan<plan>({.dp = 2, .tp = 2}, options));
+  }
+  SECTION("dp 2 x tp 2 with Megatron-SP, zero<2>: norms partial over tp x dp, one bucket set") {
+    using plan =
+        quintet::plan<par::dp<par::zero<2>>, par::tp<par::megatron_1d>, par::sp<par::megatron_sp>>;
+    require_matches_serial(serial, run_plan<plan>({.dp = 2, .tp = 2}, options));
+  }
+  SECTION("dp 2 x sp 2 (Ulysses), zero<2>: gradients reduced over sp x dp at once") {
+    using plan = quintet::plan<par::dp<par::zero<2>>, par::sp<par::ulysses>>;
+    require_matches_serial(serial, run_plan<plan>({.dp = 2, .sp = 2}, options));
+  }
+  SECTION("dp 2 x sp 2 (ring), zero<0>") {
+    using plan = quintet::plan<par::dp<par::zero<0>>, par::sp<par::ring>>;
+    require_matches_serial(serial, run_plan<plan>({.dp = 2, .sp = 2}, options));
+  }
+}
+
+namespace {
+
+struct dp_measure {
+  quintet::parallel::data_parallel_memory memory;
+  std::int64_t parameter_elements = 0;  // the registry's buckets, padding included
+  std::map<std::pair<std::string, quintet::comm_operation>, quintet::comm_tally> step;
+  std::size_t buckets = 0;
+  bool overlapped = false;  // the first bucket launched before backward ended
+};
+
+// One training step of dp_plan<Stage> on counting thread ranks: memory after it, traffic of it.
+template <int Stage>
+std::vector<dp_measure> measure_step(int dp, std::int64_t bucket_elements) {
+  using counted_comm = quintet::counting_comm<quintet::thread_comm>;
+  using counted_mesh = quintet::device_mesh<counted_comm>;
+  std::vector<dp_measure> out(static_cast<std::size_t>(dp));
+  quintet::thread_world{dp}.run([&](quintet::thread_comm& world) {
+    const quintet::execution<host> exec(1);
+    counted_comm counted(world.split(0, world.rank()));
+    counted_mesh mesh(counted, {.dp = dp});
+    train::trainer<float, quintet::markov_source, dp_plan<Stage>, counted_mesh> trainer(
+        source, config, dp_training(bucket_elements), exec, &mesh);
+    dp_measure& mine = out[static_cast<std::size_t>(world.rank())];
+    counted.ledger().clear();
+    trainer.train_step();
+    mine.step = counted.ledger().tallies();
+    auto& runtime = trainer.data_parallel();
+    mine.memory = runtime.memory();
+    mine.buckets = runtime.bucket_count();
+    for (const auto& bucket : trainer.parameters().buckets())
+      mine.parameter_elements += bucket.values.numel();
+    mine.overlapped = runtime.timeline().launches.size() == runtime.bucket_count() &&
+                      runtime.timeline().launches.front() < runtime.timeline().backward_end;
+  });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("ZeRO's memory per rank: 16, 8 + 8/dp and 4 + 12/dp bytes per parameter",
+          "[parity][data][memory]") {
+  constexpr int dp = 4;
+  const auto zero0 = measure_step<0>(dp, 700);
+  const auto zero1 = measure_step<1>(dp, 700);
+  const auto zero2 = measure_step<2>(dp, 700);
+  for (int r = 0; r < dp; ++r) {
+    INFO("rank " << r);
+    // n: the elements of the flat buffers (the parameters, each padded to 64 bytes, each bucket
+    // padded to split over dp): fp32 values, gradients and AdamW's two fp32 moments.
+    const std::int64_t n = zero0[r].parameter_elements, n1 = zero1[r].parameter_elements;
+    CHECK(zero0[r].memory.parameters == 4 * n);
+    CHECK(zero0[r].memory.gradients == 4 * n);
+    CHECK(zero0[r].memory.optimizer_state == 8 * n);
+    CHECK(zero0[r].memory.total() == 16 * n);
+    REQUIRE(n1 % dp == 0);
+    CHECK(zero1[r].memory.total() == 8 * n1 + 8 * n1 / dp);
+    CHECK(zero2[r].memory.total() == 4 * n1 + 12 * n1 / dp);
+    CHECK(zero2[r].memory.gradients == 4 * n1 / dp);
+    // The padding for the shards is small against the model.
+    CHECK(n1 - n < static_cast<std::int64_t>(zero1[r].buckets) * dp * 16);
+  }
+}
+
+TEST_CASE("ZeRO's traffic per step: 2(n-1)/n of the gradient bytes per rank at every stage",
+          "[parity][data][volume]") {
+  using quintet::comm_operation;
+  constexpr int dp = 2;
+  const auto zero0 = measure_step<0>(dp, 700);
+  const auto zero1 = measure_step<1>(dp, 700);
+  const auto zero2 = measure_step<2>(dp, 700);
+  const auto tally = [](const dp_measure& m, comm_operation op) {
+    const auto found = m.step.find({"dp", op});
+    return found == m.step.end() ? quintet::comm_tally{} : found->second;
+  };
+  for (int r = 0; r < dp; ++r) {
+    INFO("rank " << r);
+    const std::int64_t gradient_bytes = 4 * zero0[r].parameter_elements;
+    const std::int64_t sharded_bytes = 4 * zero1[r].parameter_elements;
+    // DDP: one all-reduce per bucket (plus the step's two scalar sums: the target count and the
+    // loss, 8 bytes each).
+    const auto reduce = tally(zero0[r], comm_operation::all_reduce);
+    CHECK(reduce.calls == static_cast<std::int64_t>(zero0[r].buckets) + 2);
+    CHECK(reduce.bytes == gradient_bytes + 16);
+    CHECK(reduce.bus_bytes == Approx((gradient_bytes + 16) * 2.0 * (dp - 1) / dp));
+    for (const auto* zero : {&zero1[r], &zero2[r]}) {
+      // ZeRO-1 and -2: reduce-scatter of the gradients, all-gather of the parameters: the same
+      // bus bytes as the all-reduce, split in two.
+      const auto scatter = tally(*zero, comm_operation::reduce_scatter);
+      const auto gather = tally(*zero, comm_operation::all_gather);
+      CHECK(scatter.calls == static_cast<std::int64_t>(zero->buckets));
+      CHECK(gather.calls == static_cast<std::int64_t>(zero->buckets));
+      CHECK(scatter.bus_bytes + gather.bus_bytes == Approx(sharded_bytes * 2.0 * (dp - 1) / dp));
+    }
+  }
+}
+
+TEST_CASE("the first bucket's reduction starts before backward ends", "[parity][data][overlap]") {
+  // Buckets of 700 elements: the head's and the last block's are complete while the first block
+  // and the embedding still run backward.
+  for (const auto& rank : measure_step<0>(2, 700)) {
+    CHECK(rank.buckets > 2);
+    CHECK(rank.overlapped);
+  }
+  for (const auto& rank : measure_step<2>(2, 700)) CHECK(rank.overlapped);
+}
+
+TEST_CASE("data parallelism refuses a batch that does not split over dp x micro-batches",
+          "[parity][data]") {
+  auto options = dp_training(0);
+  options.batch = 6;  // 6 rows over dp 2 x 2 micro-batches
+  quintet::thread_world{2}.run([&](quintet::thread_comm& comm) {
+    const quintet::execution<host> exec(1);
+    quintet::device_mesh<quintet::thread_comm> mesh(comm, {.dp = 2});
+    REQUIRE_THROWS_WITH(
+        (train::trainer<float, quintet::markov_source, dp_plan<1>,
+                        quintet::device_mesh<quintet::thread_comm>>(source, config, options, exec,
+                                                                    &mesh)),
+        Catch::Contains("a global batch of 6 sequences does not split over dp = 2 ranks x 2 "
+                        "micro-batches"));
+  });
+  options.bucket_elements = -1;
+  REQUIRE_THROWS_WITH(options.validate(), Catch::Contains("gradient buckets of -1 elements"));
+}
