@@ -180,10 +180,16 @@ class gpt_stage {
                          // (padded vocab, d) stored; the vocabulary's rows are the logical ones
                          .weight_placement = parallel::placement::replicated().with_logical_shape(
                              shape{config.vocab, config.d_model})}));
-    if (holds_head() && config.tie_weights && !holds_embedding())
-      // The last stage's copy of the token table, registered as the embedding registers it.
-      tied_table_ = &embedding<T, Device, Plan, Mesh>::add_token_table(
-          registry, "embedding", config.vocab, config.d_model, config.init_stddev, mesh);
+    if (holds_head() && config.tie_weights && !holds_embedding()) {
+      // The last stage's copy of the token table, registered as the embedding registers it —
+      // unless this registry already has it: a rank that also holds the first stage (a V-shaped
+      // pipeline puts stages 0 and 2p-1 on rank 0) keeps one table, both gradients in it.
+      for (auto& p : registry)
+        if (p.name == "embedding.token_weight") tied_table_ = &p;
+      if (tied_table_ == nullptr)
+        tied_table_ = &embedding<T, Device, Plan, Mesh>::add_token_table(
+            registry, "embedding", config.vocab, config.d_model, config.init_stddev, mesh);
+    }
     for (auto* p : registered_since(registry, before_head)) head_parameters_.push_back(p);
     mark_stages(registry, first_parameter);
   }

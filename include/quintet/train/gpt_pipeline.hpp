@@ -1,0 +1,165 @@
+// gpt_pipeline: one pp rank's part of a GPT trained by a pipeline schedule — the stages of a layer
+// partition that the schedule's stage map gives this rank, built into the rank's registry, and
+// the runtime that runs the rank's action list over them. A step runs every micro-batch's forward
+// and backward as the schedule orders them, then sums the tied token table's gradient between the
+// first and the last stage's ranks, so afterwards each rank's registry holds exactly the serial
+// model's gradients of the parameters it holds.
+//
+//   p = 2, zb-v (V map), L = 8, balanced:   stages 0..3 hold 2 layers each
+//     rank 0: stage 0 [embedding, blocks.0-1] and stage 3 [blocks.6-7, head]
+//     rank 1: stage 1 [blocks.2-3] and stage 2 [blocks.4-5]
+// The stages are serial-plan GPT stages (no tensor or sequence parallelism inside them yet).
+#pragma once
+
+#include <quintet/comm/communicator.hpp>
+#include <quintet/core/error.hpp>
+#include <quintet/kernels/cross_entropy.hpp>
+#include <quintet/kernels/execution.hpp>
+#include <quintet/nn/gpt_partition.hpp>
+#include <quintet/nn/gpt_stage.hpp>
+#include <quintet/nn/parameter.hpp>
+#include <quintet/parallel/pipeline/runtime.hpp>
+#include <quintet/parallel/pipeline/schedule.hpp>
+#include <quintet/parallel/pipeline/shared_gradients.hpp>
+#include <quintet/parallel/sequence/whole_sequence.hpp>
+#include <quintet/tensor/tensor_view.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <utility>
+#include <vector>
+
+namespace quintet::train {
+
+template <class T, class Device, communicator Comm>
+class gpt_pipeline {
+ public:
+  using stage_type = nn::gpt_stage<T, Device>;
+  using runtime_type = parallel::pipeline::runtime<stage_type, Comm>;
+
+  // A micro-batch's ids, (batch, seq) each; micro-batches may differ in batch size.
+  struct micro_batch {
+    tensor_view<const std::int32_t, Device> tokens{};
+    tensor_view<const std::int32_t, Device> targets{};
+    std::int32_t ignore_index = kernels::no_target;
+  };
+  // data(m): micro-batch m's ids. Called several times per micro-batch (each stage that needs
+  // them, and to size receive buffers): it must give the same views each time, alive for the step.
+  using data_source = std::function<micro_batch(int)>;
+
+  // `layers`: layers per virtual stage of `s`, in stage order; empty: balanced_layers. Refused, at
+  // construction and on every rank alike: a partition that does not cover the model's layers,
+  // leaves a stage empty or has another number of stages than the schedule; a schedule that does
+  // not verify or moves contexts (BPipe).
+  gpt_pipeline(nn::parameter_registry<T, Device>& registry, const execution<Device>& exec,
+               const nn::gpt_config& config, parallel::pipeline::schedule s, Comm& pp,
+               std::vector<int> layers = {})
+      : exec_(exec),
+        registry_(registry),
+        config_((config.validate(), config)),
+        layers_(checked_layers(config, s, std::move(layers))),
+        pp_(pp),
+        stages_(build(registry, exec, config_, layers_, s, pp.rank())),
+        runtime_(std::move(s), pp, pointers(stages_)) {}
+  gpt_pipeline(nn::parameter_registry<T, Device>&, const execution<Device>&&, const nn::gpt_config&,
+               parallel::pipeline::schedule, Comm&, std::vector<int> = {}) = delete;
+
+  // One step's forwards and backwards, every micro-batch's loss gradient scaled by `loss_scale`
+  // (d objective / d loss sum: 1 / the step's counted targets for the mean), then the tied table's
+  // gradient summed. Gradients accumulate into the registry (zero them between steps). Returns each
+  // micro-batch's loss on the rank holding the last stage, nothing elsewhere.
+  std::vector<kernels::cross_entropy_result> step(const data_source& data, double loss_scale) {
+    typename runtime_type::links link;
+    link.input = [&](int, int m, const typename stage_type::output_type* previous) {
+      const micro_batch batch = data(m);
+      return typename stage_type::input_type{
+          .tokens = batch.tokens,
+          .targets = batch.targets,
+          .activations = previous != nullptr ? tensor_view<const T, Device>(previous->activations)
+                                             : tensor_view<const T, Device>(),
+          .ignore_index = batch.ignore_index};
+    };
+    link.gradient = [&](int, int, const quintet::tensor<T, Device>* next) {
+      return typename stage_type::gradient_type{
+          .activations = next != nullptr ? tensor_view<const T, Device>(*next)
+                                         : tensor_view<const T, Device>(),
+          .loss_scale = loss_scale};
+    };
+    link.boundary_shape = [&](int, int m) {
+      const micro_batch batch = data(m);
+      QUINTET_CHECK(batch.tokens.rank() == 2,
+                    "gpt pipeline: micro-batch {} has tokens of shape {}, expected (batch, seq)", m,
+                    batch.tokens.shape());
+      const std::int64_t seq = batch.tokens.shape()[1];
+      const std::int64_t rows =
+          parallel::whole_sequence::activation_layout<parallel::no_mesh>(nullptr, seq).rows();
+      return shape{batch.tokens.shape()[0], rows, config_.d_model};
+    };
+    std::vector<typename stage_type::output_type> outputs = runtime_.run(link);
+    parallel::pipeline::sum_shared_gradients(registry_, pp_, runtime_.plan(), exec_);
+    std::vector<kernels::cross_entropy_result> losses;
+    losses.reserve(outputs.size());
+    for (const auto& out : outputs) losses.push_back(out.loss);
+    return losses;
+  }
+
+  const std::vector<int>& layers() const { return layers_; }
+  // This rank's stages, in increasing stage order.
+  const std::vector<std::unique_ptr<stage_type>>& stages() const { return stages_; }
+  const runtime_type& runtime() const { return runtime_; }
+  // Whether this rank holds the last stage (and so returns the losses).
+  bool scores() const {
+    return runtime_.plan().rank_of(runtime_.plan().stages() - 1) == pp_.rank();
+  }
+
+ private:
+  static std::vector<int> checked_layers(const nn::gpt_config& config,
+                                         const parallel::pipeline::schedule& s,
+                                         std::vector<int> layers) {
+    if (layers.empty()) return nn::balanced_layers(config.layers, s.stages());
+    QUINTET_CHECK(static_cast<int>(layers.size()) == s.stages(),
+                  "gpt pipeline: the partition {} has {} stages, schedule '{}' has {} (virtual) "
+                  "stages",
+                  nn::to_string(layers), layers.size(), s.name, s.stages());
+    nn::check_layers(config, layers);
+    return layers;
+  }
+
+  static std::vector<std::unique_ptr<stage_type>> build(nn::parameter_registry<T, Device>& registry,
+                                                        const execution<Device>& exec,
+                                                        const nn::gpt_config& config,
+                                                        const std::vector<int>& layers,
+                                                        const parallel::pipeline::schedule& s,
+                                                        int rank) {
+    QUINTET_CHECK(rank < s.ranks(), "gpt pipeline: rank {} is outside schedule '{}' of {} ranks",
+                  rank, s.name, s.ranks());
+    const std::vector<nn::stage_cut> cuts = nn::stage_cuts(config, layers);
+    std::vector<std::unique_ptr<stage_type>> out;
+    // In increasing stage order: the first stage's token table exists before a last stage on the
+    // same rank looks for it.
+    for (const int stage : s.stages_on(rank))
+      out.push_back(std::make_unique<stage_type>(registry, exec, config,
+                                                 cuts[static_cast<std::size_t>(stage)]));
+    return out;
+  }
+
+  static std::vector<stage_type*> pointers(const std::vector<std::unique_ptr<stage_type>>& stages) {
+    std::vector<stage_type*> out;
+    for (const auto& s : stages) out.push_back(s.get());
+    return out;
+  }
+
+  const execution<Device>& exec_;
+  nn::parameter_registry<T, Device>& registry_;
+  nn::gpt_config config_;
+  std::vector<int> layers_;
+  Comm& pp_;
+  std::vector<std::unique_ptr<stage_type>> stages_;
+  runtime_type runtime_;
+};
+
+static_assert(parallel::pipeline::transferable_stage<nn::gpt_stage<float, host>>);
+
+}  // namespace quintet::train
