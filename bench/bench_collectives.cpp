@@ -438,7 +438,7 @@ int main(int argc, char** argv) {
     world = std::make_unique<mpi_comm>(MPI_COMM_WORLD);
     for (const collective op : all_collectives) {
       for (const std::int64_t bytes : sizes) {
-        const std::string suffix = ":" + std::to_string(world_size);
+        const std::string suffix = fmt::format(":{}", world_size);
         auto register_raw = [&] {
           benchmark::RegisterBenchmark(label("mpi_raw" + suffix, op, bytes).c_str(),
                                        [op, bytes](benchmark::State& state) {

@@ -4,6 +4,7 @@
 //   train_gpt --steps 800 --report run.json
 //   train_gpt --world 4 --tp 2 --sp 2 --sp-style ring      # 4 thread ranks, tp x sp = 2 x 2
 //   mpirun -np 2 train_gpt --sp 2 --sp-style ulysses       # the ranks of mpirun instead
+//   train_gpt --world 4 --pp 4 --schedule zb-v --micro-batches 8 --layers 8   # a pipeline
 //
 // Prints a progress line every --log-every steps (loss, the source's floor, tokens/s, ms/step, the
 // model's FLOP/s and MFU) and a summary; --report writes the configuration and the loss of every
@@ -30,6 +31,8 @@
 #include <quintet/mesh/device_mesh.hpp>
 #include <quintet/nn/generate.hpp>
 #include <quintet/nn/gpt_decoder.hpp>
+#include <quintet/nn/gpt_partition.hpp>
+#include <quintet/parallel/pipeline/catalog.hpp>
 #include <quintet/parallel/plan.hpp>
 #include <quintet/train/json_writer.hpp>
 #include <quintet/train/loss_plot.hpp>
@@ -56,6 +59,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <variant>
 #include <vector>
 
 namespace {
@@ -78,6 +82,10 @@ struct program_options {
   int dp = 1;                     // data-parallel degree (rows of the batch)
   int zero = 0;                   // ZeRO stage of data parallelism (0: DDP)
   double bucket_mb = 25.0;        // MiB per gradient-reduction bucket (0: one per set)
+  int pp = 1;                     // pipeline-parallel degree (stages over the pp axis)
+  std::string schedule = "1f1b";  // the pipeline schedule (the catalog's names)
+  int virtual_stages = 2;         // chunks per rank of --schedule interleaved
+  std::string pp_layers;          // layers per (virtual) stage, "3,3,2"; empty: balanced
   std::string sp_style = "none";  // none, megatron (on the tp group), ulysses, ring
   bool mpi = false;               // the ranks are mpirun's processes
   bool check_parity = false;      // compare the plan with the serial model instead of training
@@ -154,6 +162,10 @@ void write_report(const std::string& path, const program_options& options,
       .member("dp", options.dp)
       .member("zero", options.zero)
       .member("bucket_mb", options.bucket_mb)
+      .member("pp", options.pp)
+      .member("schedule", options.pp > 1 ? options.schedule : "none")
+      .member("virtual_stages", options.virtual_stages)
+      .member("pp_layers", options.pp > 1 ? quintet::nn::to_string(t.pipeline.layers) : "")
       .end_object();
   json.key("training")
       .begin_object()
@@ -307,6 +319,15 @@ void run_rank(const Source& source, const Source* held_out, const program_option
             ? fmt::format(" (ZeRO-{}, buckets of {} MiB)", options.zero, options.bucket_mb)
             : "",
         exec.threads());
+    if constexpr (Plan::template has<quintet::parallel::strategy::pipeline>) {
+      const auto& pipeline = trainer.pipeline();
+      const auto& plan = pipeline.runtime().plan();
+      fmt::print(
+          "  pipeline parallel {}: schedule {} ({} stages, {} per rank), layers per stage {}, {} "
+          "micro-batches; no samples (generation runs the whole model on one rank)\n",
+          options.pp, plan.name, plan.stages(), plan.stages() / options.pp,
+          quintet::nn::to_string(pipeline.layers()), plan.micro_batches);
+    }
     if (floor) fmt::print("  entropy floor of the source: {:.4f} nats/token\n", *floor);
     fmt::print("  data: {}\n", source.description());
     if (evaluating)
@@ -328,34 +349,47 @@ void run_rank(const Source& source, const Source* held_out, const program_option
                1e3 * e.seconds);
     std::fflush(stdout);
   };
-  // Generation reads the trained parameters by name; under a plan every rank runs it alike.
-  std::optional<quintet::nn::gpt_decoder<float, quintet::host, Plan, Mesh>> decoder;
+  // Generation reads the trained parameters by name; under a plan every rank runs it alike. A
+  // pipeline's rank holds some layers only: no decoder (check_parallel_options turns sampling off).
+  constexpr bool pipelined = Plan::template has<quintet::parallel::strategy::pipeline>;
+  using decoder_type =
+      std::conditional_t<pipelined, std::monostate,
+                         quintet::nn::gpt_decoder<float, quintet::host, Plan, Mesh>>;
+  std::optional<decoder_type> decoder;
   std::vector<std::int32_t> prompt;
-  if (sampling) {
-    decoder.emplace(trainer.parameters(), exec, trainer.model_config(), mesh);
-    prompt = sample_prompt(held_out != nullptr ? *held_out : source, options);
+  if constexpr (!pipelined) {
+    if (sampling) {
+      decoder.emplace(trainer.parameters(), exec, trainer.model_config(), mesh);
+      prompt = sample_prompt(held_out != nullptr ? *held_out : source, options);
+    }
+  } else {
+    QUINTET_CHECK(!sampling, "train_gpt: samples under pipeline parallelism are not supported");
   }
   const auto sample = [&] {
-    const quintet::nn::sampling_options sampling_options{
-        .temperature = options.temperature,
-        .top_k = options.top_k,
-        .key = quintet::nn::sampling_key(t.seed, trainer.next_step())};
-    sample_record r{.step = trainer.next_step(), .prompt = prompt};
-    const auto start = std::chrono::steady_clock::now();
-    r.tokens = quintet::nn::generate(*decoder, prompt, options.sample_tokens, sampling_options);
-    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    r.prompt_text = as_text(source, prompt);
-    r.text = as_text(source, r.tokens);
-    if constexpr (std::is_same_v<Source, quintet::markov_source>)
-      r.allowed = allowed_transitions(source, prompt, r.tokens);
-    run.samples.push_back(std::move(r));
-    const auto& s = run.samples.back();
-    if (!printer) return;
-    fmt::print("sample {:4d}  \"{}\" -> \"{}\"  (", s.step, s.prompt_text, s.text);
-    if (s.allowed)
-      fmt::print("{}/{} transitions allowed by the source, ", *s.allowed, s.tokens.size());
-    fmt::print("{:.0f} ms)\n", 1e3 * s.seconds);
-    std::fflush(stdout);
+    if constexpr (pipelined) {
+      return;
+    } else {
+      const quintet::nn::sampling_options sampling_options{
+          .temperature = options.temperature,
+          .top_k = options.top_k,
+          .key = quintet::nn::sampling_key(t.seed, trainer.next_step())};
+      sample_record r{.step = trainer.next_step(), .prompt = prompt};
+      const auto start = std::chrono::steady_clock::now();
+      r.tokens = quintet::nn::generate(*decoder, prompt, options.sample_tokens, sampling_options);
+      r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      r.prompt_text = as_text(source, prompt);
+      r.text = as_text(source, r.tokens);
+      if constexpr (std::is_same_v<Source, quintet::markov_source>)
+        r.allowed = allowed_transitions(source, prompt, r.tokens);
+      run.samples.push_back(std::move(r));
+      const auto& s = run.samples.back();
+      if (!printer) return;
+      fmt::print("sample {:4d}  \"{}\" -> \"{}\"  (", s.step, s.prompt_text, s.text);
+      if (s.allowed)
+        fmt::print("{}/{} transitions allowed by the source, ", *s.allowed, s.tokens.size());
+      fmt::print("{:.0f} ms)\n", 1e3 * s.seconds);
+      std::fflush(stdout);
+    }
   };
 
   for (std::int64_t s = 0; s < t.steps; ++s) {
@@ -420,6 +454,11 @@ void run_rank(const Source& source, const Source* held_out, const program_option
 //   ring        sp<ring>                                        {.dp, .tp, .sp}  on the sp axis
 //
 // (A single rank with no --sp-style is the serial model, plan serial_plan and no mesh.)
+//
+//   --pp > 1    plan<dp<zero<0>>, pp<named_schedule>>               {.dp, .pp}       whole
+// One row for every schedule: pp<named_schedule> takes --schedule at run time (the schedules are
+// data, the stage code is the same), so the pipeline adds one instantiation, not eight. Its
+// stages are serial-plan stages: --tp, --sp, --sp-style and --zero 1/2 are refused with --pp.
 template <class Plan>
 struct plan_type {
   using type = Plan;
@@ -445,6 +484,13 @@ void with_sequence_plan(const std::string& sp_style, Fn&& fn) {
 
 template <class Fn>
 void with_plan(const program_options& options, Fn&& fn) {
+  namespace par = quintet::parallel;
+  if (options.pp > 1) {
+    QUINTET_CHECK(options.zero == 0 && options.tp == 1 && options.sp_style == "none",
+                  "--pp {} runs with --dp only (ZeRO-0): --zero {}, --tp {}, --sp-style {}",
+                  options.pp, options.zero, options.tp, options.sp_style);
+    return fn(plan_type<quintet::plan<par::dp<par::zero<0>>, par::pp<par::named_schedule>>>{});
+  }
   switch (options.zero) {
     case 0:
       return with_sequence_plan<0>(options.sp_style, fn);
@@ -459,7 +505,7 @@ void with_plan(const program_options& options, Fn&& fn) {
 
 // The mesh of the run's degrees.
 quintet::mesh_degrees degrees_of(const program_options& options) {
-  return {.dp = options.dp, .tp = options.tp, .sp = options.sp};
+  return {.dp = options.dp, .pp = options.pp, .tp = options.tp, .sp = options.sp};
 }
 
 // One rank of a parallel run over `world` (thread_comm or mpi_comm): the mesh, the plan, the loop.
@@ -522,11 +568,53 @@ void check_parallel_options(const program_options& options) {
   QUINTET_CHECK(options.sp == 1 || options.sp_style != "none",
                 "--sp {} needs --sp-style ulysses or ring to say how the sequence is split",
                 options.sp);
-  QUINTET_CHECK(options.world == options.dp * options.tp * options.sp,
-                "--world {}{} must equal --dp {} x --tp {} x --sp {} = {} (pipeline parallelism "
-                "does not run in train_gpt yet)",
-                options.world, options.mpi ? " (the ranks of mpirun)" : "", options.dp, options.tp,
-                options.sp, options.dp * options.tp * options.sp);
+  QUINTET_CHECK(options.pp >= 1, "--pp {} must be positive", options.pp);
+  QUINTET_CHECK(options.world == options.dp * options.pp * options.tp * options.sp,
+                "--world {}{} must equal --dp {} x --tp {} x --sp {}{} = {}", options.world,
+                options.mpi ? " (the ranks of mpirun)" : "", options.dp, options.tp, options.sp,
+                options.pp > 1 ? fmt::format(" x --pp {}", options.pp) : std::string(),
+                options.dp * options.pp * options.tp * options.sp);
+  if (options.pp > 1) {
+    // The stages are serial-plan GPT stages: nothing inside them is sharded yet.
+    QUINTET_CHECK(options.tp == 1 && options.sp == 1 && options.sp_style == "none",
+                  "--pp {} with --tp {} --sp {} --sp-style {}: pipeline parallelism composes with "
+                  "--dp only so far (its stages run no tensor or sequence parallelism inside)",
+                  options.pp, options.tp, options.sp, options.sp_style);
+    QUINTET_CHECK(options.zero == 0,
+                  "--pp {} with --zero {}: pipeline parallelism composes with ZeRO-0 (DDP) only "
+                  "so far",
+                  options.pp, options.zero);
+    QUINTET_CHECK(options.sample_tokens == 0,
+                  "--pp {}: samples need the whole model on a rank (nn::gpt_decoder); give "
+                  "--sample-tokens 0",
+                  options.pp);
+    // The schedule's own rules on p and m: refused here, before any rank starts.
+    const auto& info = quintet::parallel::pipeline::find_schedule(options.schedule);
+    QUINTET_CHECK(quintet::parallel::pipeline::accepts(
+                      info, {.ranks = options.pp,
+                             .micro_batches = static_cast<int>(options.training.micro_batches)}),
+                  "--schedule {} needs at least {} x pp = {} micro-batches; --micro-batches is {}",
+                  options.schedule, info.micro_batches_per_rank,
+                  info.micro_batches_per_rank * options.pp, options.training.micro_batches);
+    QUINTET_CHECK(options.schedule == "interleaved" || options.virtual_stages == 2,
+                  "--virtual-stages {} applies to --schedule interleaved; {} has {} stage(s) per "
+                  "rank",
+                  options.virtual_stages, options.schedule, info.chunks);
+    QUINTET_CHECK(options.schedule != "interleaved" || options.virtual_stages >= 2,
+                  "--schedule interleaved needs --virtual-stages >= 2, got {}",
+                  options.virtual_stages);
+    const std::vector<int>& layers = options.training.pipeline.layers;
+    if (!layers.empty()) {
+      const int stages = options.pp * quintet::parallel::pipeline::chunks_per_rank(
+                                          options.schedule, options.virtual_stages);
+      QUINTET_CHECK(static_cast<int>(layers.size()) == stages,
+                    "--pp-layers {} gives {} stages; --schedule {} at --pp {} has {}",
+                    options.pp_layers, layers.size(), options.schedule, options.pp, stages);
+      quintet::nn::check_layers(options.model, layers);
+    }
+  } else {
+    QUINTET_CHECK(options.pp_layers.empty(), "--pp-layers {} needs --pp > 1", options.pp_layers);
+  }
   QUINTET_CHECK(options.mpi || options.world == 1 || options.threads <= 1,
                 "--threads {} with --world {}: thread ranks run their kernels on one thread each "
                 "(OpenBLAS has one process-wide pool)",
@@ -554,6 +642,13 @@ template <class Source>
 int train(const Source& source, const Source* held_out, program_options options) {
   options.model.vocab = source.vocab_size();
   options.model.max_seq = options.training.seq;
+  if (options.pp > 1) {
+    options.training.pipeline = {.schedule = options.schedule,
+                                 .virtual_stages = options.virtual_stages,
+                                 .layers = options.pp_layers.empty()
+                                               ? std::vector<int>{}
+                                               : quintet::nn::parse_layers(options.pp_layers)};
+  }
   check_parallel_options(options);
   if (options.check_parity) return check_parity(source, options);
   const auto exec = options.threads == 0 ? quintet::execution<quintet::host>::all_cores()
@@ -627,7 +722,7 @@ int main(int argc, char** argv) {
   auto* world_option =
       app.add_option("--world", options.world,
                      "ranks, as threads of this process (under mpirun: its ranks; must equal "
-                     "--dp x --tp x --sp)")
+                     "--dp x --pp x --tp x --sp)")
           ->capture_default_str();
   app.add_option("--tp", options.tp, "tensor-parallel degree (Megatron column/row linears)")
       ->capture_default_str();
@@ -646,6 +741,22 @@ int main(int argc, char** argv) {
                  "MiB per gradient-reduction bucket, launched while backward runs (0: one bucket)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--pp", options.pp,
+                 "pipeline-parallel degree: the model's layers cut into stages over the pp ranks")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option(
+         "--schedule", options.schedule,
+         "pipeline schedule with --pp: " + quintet::parallel::pipeline::builtin_schedule_names())
+      ->capture_default_str()
+      ->check(CLI::IsMember(
+          {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v", "dualpipe-v", "bpipe"}));
+  app.add_option("--virtual-stages", options.virtual_stages,
+                 "stages (chunks) per rank of --schedule interleaved")
+      ->capture_default_str();
+  app.add_option("--pp-layers", options.pp_layers,
+                 "layers per (virtual) stage with --pp, in stage order, e.g. 3,3,2 (default: "
+                 "balanced, the extra layers first)");
   app.add_option("--sp-style", options.sp_style,
                  "how the sequence is split: none, megatron (over the tp group; --sp 1), ulysses "
                  "(all-to-all over heads) or ring (ring attention, zig-zag)")
@@ -679,9 +790,11 @@ int main(int argc, char** argv) {
                  "steps between generated samples (0: one at the end)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--sample-tokens", options.sample_tokens, "tokens per sample (0: no samples)")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+  auto* sample_tokens_option =
+      app.add_option("--sample-tokens", options.sample_tokens,
+                     "tokens per sample (0: no samples; with --pp off unless given, and refused)")
+          ->capture_default_str()
+          ->check(CLI::NonNegativeNumber);
   app.add_option("--prompt-tokens", options.prompt_tokens,
                  "prompt of each sample: this many tokens of held-out data")
       ->capture_default_str()
@@ -700,6 +813,9 @@ int main(int argc, char** argv) {
   app.add_option("--plot", options.plot_path,
                  "write the training and held-out loss curves as an SVG file");
   CLI11_PARSE(app, argc, argv);
+  // Generation needs the whole model on one rank: a pipeline run samples nothing unless asked
+  // (and then refuses, saying why).
+  if (options.pp > 1 && sample_tokens_option->count() == 0) options.sample_tokens = 0;
 
   bool printer = true;
 #if defined(QUINTET_WITH_MPI)
@@ -728,6 +844,10 @@ int main(int argc, char** argv) {
     options.source.seed = t.seed;
     t.bucket_elements =
         static_cast<std::int64_t>(options.bucket_mb * double(1 << 20) / double(sizeof(float)));
+    QUINTET_CHECK(options.bucket_mb == 0.0 || t.bucket_elements >= 1,
+                  "--bucket-mb {} is less than one fp32 element ({} bytes); give at least {} or 0 "
+                  "(one bucket)",
+                  options.bucket_mb, sizeof(float), double(sizeof(float)) / double(1 << 20));
     if (!options.data_path.empty()) {
       // The last --held-out of the file is never trained on.
       const auto split = quintet::byte_corpus::from_file(options.data_path, t.seed)

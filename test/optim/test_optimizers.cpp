@@ -208,7 +208,8 @@ TEST_CASE("AdamW over owned ranges of each parameter is the whole update, range 
   }
   for (auto& p : whole) {
     const auto& q = again.find(p.name);
-    for (std::int64_t e = 0; e < p.value.numel(); ++e) REQUIRE(q.value.data()[e] == p.value.data()[e]);
+    for (std::int64_t e = 0; e < p.value.numel(); ++e)
+      REQUIRE(q.value.data()[e] == p.value.data()[e]);
   }
   REQUIRE_THROWS_WITH(first.own("fc.bias", {0, 1}),
                       Catch::Contains("'fc.bias' changes owner after 3 steps"));
@@ -216,6 +217,51 @@ TEST_CASE("AdamW over owned ranges of each parameter is the whole update, range 
   REQUIRE_THROWS_WITH(fresh.own("fc.bias", {2, 4}),
                       Catch::Contains("range [2, 4) is outside parameter 'fc.bias' of 3 elements"));
   REQUIRE_THROWS_WITH(fresh.own("nope", {0, 1}), Catch::Contains("no state for parameter 'nope'"));
+}
+
+TEST_CASE("AdamW reading an owned range's gradient from a buffer of its own (ZeRO-2's shard)",
+          "[optim][adamw]") {
+  // The same update as reading the parameter's gradient, with that gradient copied elsewhere and
+  // the parameter's own gradient spoiled; the state counts the owned ranges' moments only.
+  const quintet::kernels::adamw_hyperparameters hp{.lr = 0.05, .weight_decay = 0.2};
+  parameter_registry<double, host> reference(4), sharded(4);
+  make_parameters(reference);
+  make_parameters(sharded);
+  quintet::optim::adamw<double, host> plain(reference, exec, hp), from_shard(sharded, exec, hp);
+  std::vector<quintet::tensor<double, host>> shards;
+  std::int64_t owned_elements = 0;
+  for (auto& p : sharded) {
+    const std::int64_t n = p.value.numel(), begin = n / 3;
+    plain.own(p.name, {begin, n});
+    auto& shard = shards.emplace_back(shape{n - begin});
+    from_shard.own(p.name, {begin, n}, shard.view());
+    owned_elements += n - begin;
+  }
+  CHECK(from_shard.state_bytes() == 2 * owned_elements * std::int64_t(sizeof(double)));
+  for (int t = 1; t <= 3; ++t) {
+    random_gradients(reference, t);
+    random_gradients(sharded, t);
+    std::size_t i = 0;
+    for (auto& p : sharded) {
+      const std::int64_t n = p.grad.numel(), begin = n / 3;
+      for (std::int64_t e = begin; e < n; ++e) {
+        shards[i].data()[e - begin] = p.grad.data()[e];
+        p.grad.data()[e] = 1e6;  // must not be read
+      }
+      ++i;
+    }
+    plain.step(0.05, 0.9);
+    from_shard.step(0.05, 0.9);
+  }
+  for (auto& p : reference) {
+    const auto& q = sharded.find(p.name);
+    for (std::int64_t e = 0; e < p.value.numel(); ++e)
+      REQUIRE(q.value.data()[e] == p.value.data()[e]);
+  }
+  quintet::optim::adamw<double, host> fresh(reference, exec, hp);
+  quintet::tensor<double, host> wrong(shape{5});
+  REQUIRE_THROWS_WITH(fresh.own("fc.weight", {0, 4}, wrong.view()),
+                      Catch::Contains("a gradient of 5 elements for the range [0, 4)"));
 }
 
 TEST_CASE("optimizers reject bad hyperparameters", "[optim]") {

@@ -20,12 +20,10 @@ using bad = parallel::dp<parallel::zero<4>>;
 #elif defined(PLAN_CASE_DATA_NOT_IMPLEMENTED)
 // Data parallelism is named but not built: the plan refuses it rather than train serially.
 using bad = quintet::plan<parallel::dp<parallel::zero<3>>>;
-#elif defined(PLAN_CASE_PIPELINE_NOT_IMPLEMENTED)
-using bad = quintet::plan<parallel::pp<parallel::one_f_one_b>>;
 #elif defined(PLAN_CASE_EXPERT_NOT_IMPLEMENTED)
 using bad = quintet::plan<parallel::ep<parallel::top_k<2>>>;
 #elif defined(PLAN_CASE_USER_SCHEDULE_NOT_RUN)
-// A user's schedule generates lists but, like the built-ins, cannot run until the executor does.
+// A user's schedule generates lists, but its traits do not say it runs (the default): refused.
 struct my_schedule {
   static parallel::pipeline::schedule generate(const parallel::pipeline::schedule_shape& shape) {
     return parallel::pipeline::generate_gpipe(shape);

@@ -82,6 +82,58 @@ TEST_CASE("data parallelism of degree 1 is the serial GPT bit for bit", "[parity
   require_identical(serial, run_plan<dp_plan<2>>({.dp = 1}, options)[0]);
 }
 
+namespace {
+
+// Each step's gradient norm (before clipping) of a trainer of `Plan` on thread ranks of `degrees`,
+// rank 0's (every rank reports the same), with clipping at `clip` so that it acts every step.
+template <class Plan>
+std::vector<double> gradient_norms(quintet::mesh_degrees degrees, train::training_options options) {
+  std::vector<double> norms;
+  const int world = degrees.dp * degrees.tp * degrees.sp;
+  std::vector<std::vector<double>> per_rank(static_cast<std::size_t>(world));
+  quintet::thread_world{world}.run([&](quintet::thread_comm& comm) {
+    const quintet::execution<host> exec(1);
+    using mesh_type = quintet::device_mesh<quintet::thread_comm>;
+    mesh_type mesh(comm, degrees);
+    train::trainer<float, quintet::markov_source, Plan, mesh_type> trainer(source, config, options,
+                                                                           exec, &mesh);
+    for (int s = 0; s < 3; ++s)
+      per_rank[static_cast<std::size_t>(comm.rank())].push_back(trainer.train_step().gradient_norm);
+  });
+  for (const auto& rank : per_rank) REQUIRE(rank == per_rank[0]);
+  return per_rank[0];
+}
+
+}  // namespace
+
+TEST_CASE("the gradient norm under ZeRO counts every element once, and clipping acts on it",
+          "[parity][data]") {
+  auto options = dp_training(700);
+  options.clip_norm = 0.05;  // below every step's norm: the clip factor scales every update
+  std::vector<double> serial;
+  {
+    const quintet::execution<host> exec(1);
+    train::trainer<float, quintet::markov_source> trainer(source, config, options, exec);
+    for (int s = 0; s < 3; ++s) serial.push_back(trainer.train_step().gradient_norm);
+  }
+  for (const double norm : serial) REQUIRE(norm > 4 * options.clip_norm);
+  const auto same = [&](const std::vector<double>& norms) {
+    REQUIRE(norms.size() == serial.size());
+    for (std::size_t s = 0; s < serial.size(); ++s)
+      CHECK(norms[s] == Approx(serial[s]).epsilon(1e-5));
+  };
+  same(gradient_norms<dp_plan<0>>({.dp = 2}, options));
+  same(gradient_norms<dp_plan<1>>({.dp = 4}, options));
+  same(gradient_norms<dp_plan<2>>({.dp = 2}, options));
+  same(gradient_norms<
+       quintet::plan<par::dp<par::zero<2>>, par::tp<par::megatron_1d>, par::sp<par::megatron_sp>>>(
+      {.dp = 2, .tp = 2}, options));
+  same(gradient_norms<quintet::plan<par::dp<par::zero<1>>, par::sp<par::ulysses>>>(
+      {.dp = 2, .sp = 2}, options));
+  // With the sharded norm counting the shards of one rank only (or every rank's twice), the
+  // serial norm is off by sqrt(dp): the check above cannot pass by accident.
+}
+
 TEST_CASE("data parallelism composes with tensor and sequence parallelism", "[parity][data]") {
   const auto options = dp_training(700);
   const run_result serial = serial_of(options);
@@ -108,10 +160,12 @@ namespace {
 
 struct dp_measure {
   quintet::parallel::data_parallel_memory memory;
+  std::int64_t adamw_bytes = 0;         // the moments AdamW really holds
   std::int64_t parameter_elements = 0;  // the registry's buckets, padding included
   std::map<std::pair<std::string, quintet::comm_operation>, quintet::comm_tally> step;
   std::size_t buckets = 0;
-  bool overlapped = false;  // the first bucket launched before backward ended
+  bool overlapped = false;          // the first bucket launched before backward ended
+  std::int64_t launched_early = 0;  // buckets launched while gradients were still to come
 };
 
 // One training step of dp_plan<Stage> on counting thread ranks: memory after it, traffic of it.
@@ -132,11 +186,13 @@ std::vector<dp_measure> measure_step(int dp, std::int64_t bucket_elements) {
     mine.step = counted.ledger().tallies();
     auto& runtime = trainer.data_parallel();
     mine.memory = runtime.memory();
+    mine.adamw_bytes = trainer.optimizer().state_bytes();
     mine.buckets = runtime.bucket_count();
     for (const auto& bucket : trainer.parameters().buckets())
       mine.parameter_elements += bucket.values.numel();
     mine.overlapped = runtime.timeline().launches.size() == runtime.bucket_count() &&
                       runtime.timeline().launches.front() < runtime.timeline().backward_end;
+    mine.launched_early = runtime.timeline().launched_early;
   });
   return out;
 }
@@ -158,6 +214,13 @@ TEST_CASE("ZeRO's memory per rank: 16, 8 + 8/dp and 4 + 12/dp bytes per paramete
     CHECK(zero0[r].memory.gradients == 4 * n);
     CHECK(zero0[r].memory.optimizer_state == 8 * n);
     CHECK(zero0[r].memory.total() == 16 * n);
+    // AdamW's own count: its moments cover each parameter (zero<0>) or the rank's shard of each
+    // bucket (ZeRO), without the buffers' padding.
+    CHECK(zero0[r].adamw_bytes <= zero0[r].memory.optimizer_state);
+    CHECK(zero0[r].adamw_bytes > zero0[r].memory.optimizer_state * 9 / 10);
+    CHECK(zero1[r].adamw_bytes <= zero1[r].memory.optimizer_state);
+    CHECK(zero2[r].adamw_bytes <= zero2[r].memory.optimizer_state);
+    CHECK(zero1[r].adamw_bytes > 0);
     REQUIRE(n1 % dp == 0);
     CHECK(zero1[r].memory.total() == 8 * n1 + 8 * n1 / dp);
     CHECK(zero2[r].memory.total() == 4 * n1 + 12 * n1 / dp);
@@ -165,6 +228,15 @@ TEST_CASE("ZeRO's memory per rank: 16, 8 + 8/dp and 4 + 12/dp bytes per paramete
     // The padding for the shards is small against the model.
     CHECK(n1 - n < static_cast<std::int64_t>(zero1[r].buckets) * dp * 16);
   }
+  // Every element's moments are held by exactly one rank under ZeRO: the ranks' AdamW bytes add up
+  // to one replica's.
+  std::int64_t sum1 = 0, sum2 = 0;
+  for (int r = 0; r < dp; ++r) {
+    sum1 += zero1[r].adamw_bytes;
+    sum2 += zero2[r].adamw_bytes;
+  }
+  CHECK(sum1 == zero0[0].adamw_bytes);
+  CHECK(sum2 == zero0[0].adamw_bytes);
 }
 
 TEST_CASE("ZeRO's traffic per step: 2(n-1)/n of the gradient bytes per rank at every stage",
@@ -206,8 +278,18 @@ TEST_CASE("the first bucket's reduction starts before backward ends", "[parity][
   for (const auto& rank : measure_step<0>(2, 700)) {
     CHECK(rank.buckets > 2);
     CHECK(rank.overlapped);
+    // Every bucket but the embedding's (the last) is launched while backward still has work.
+    CHECK(rank.launched_early == static_cast<std::int64_t>(rank.buckets) - 1);
   }
-  for (const auto& rank : measure_step<2>(2, 700)) CHECK(rank.overlapped);
+  for (const auto& rank : measure_step<2>(2, 700)) {
+    CHECK(rank.overlapped);
+    CHECK(rank.launched_early == static_cast<std::int64_t>(rank.buckets) - 1);
+  }
+  // One bucket: launched by the embedding's gradients, the last of the step: nothing overlaps.
+  for (const auto& rank : measure_step<0>(2, 0)) {
+    CHECK(rank.buckets == 1);
+    CHECK(rank.launched_early == 0);
+  }
 }
 
 TEST_CASE("data parallelism refuses a batch that does not split over dp x micro-batches",

@@ -65,16 +65,22 @@ TEST_CASE("schedule styles are types that generate their lists", "[pipeline][sty
   STATIC_REQUIRE(parallel::strategy_policy_type<parallel::pp<parallel::zb_v>>);
   STATIC_REQUIRE(parallel::strategy_policy_type<parallel::pp<reversed_one_f_one_b>>);
   STATIC_REQUIRE(!parallel::pipeline_schedule<parallel::ring>);
-  // Generated, verified and simulated, but not executed yet: a plan naming one must not compile.
-  STATIC_REQUIRE(!parallel::strategy_traits<parallel::zb_v>::implemented);
-  STATIC_REQUIRE(!parallel::strategy_traits<parallel::dualpipe_v>::implemented);
+  // Run by train::trainer through the pipeline runtime (test_pipeline_training).
+  STATIC_REQUIRE(parallel::strategy_traits<parallel::zb_v>::implemented);
+  STATIC_REQUIRE(parallel::strategy_traits<parallel::dualpipe_v>::implemented);
+  STATIC_REQUIRE(parallel::strategy_traits<parallel::gpipe>::implemented);
+  STATIC_REQUIRE(parallel::strategy_traits<parallel::one_f_one_b>::implemented);
+  STATIC_REQUIRE(parallel::strategy_traits<parallel::interleaved<2>>::implemented);
+  STATIC_REQUIRE(parallel::strategy_traits<parallel::zb_h1>::implemented);
+  STATIC_REQUIRE(parallel::strategy_traits<parallel::zb_h2>::implemented);
+  STATIC_REQUIRE(parallel::strategy_traits<parallel::named_schedule>::implemented);
   STATIC_REQUIRE(parallel::strategy_traits<parallel::dualpipe_v>::kind ==
                  parallel::strategy::pipeline);
   STATIC_REQUIRE(parallel::strategy_traits<parallel::dualpipe_v>::axes ==
                  quintet::mesh_axis_set{quintet::mesh_axis::pp});
   STATIC_REQUIRE(parallel::strategy_traits<parallel::dualpipe_v>::name == "dualpipe_v");
   STATIC_REQUIRE(parallel::strategy_policy_type<parallel::pp<parallel::dualpipe_v>>);
-  STATIC_REQUIRE(!parallel::strategy_traits<parallel::bpipe<>>::implemented);
+  STATIC_REQUIRE(parallel::strategy_traits<parallel::bpipe<>>::implemented);
   STATIC_REQUIRE(parallel::strategy_traits<parallel::interleaved<4>>::axes ==
                  quintet::mesh_axis_set{quintet::mesh_axis::pp});
 

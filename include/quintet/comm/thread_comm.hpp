@@ -122,6 +122,8 @@ struct thread_mailbox {
   std::mutex mutex;
   std::condition_variable changed;  // a send arrived, or one of this rank's sends completed
   std::deque<posted_send*> sends;
+  // sends.size(), readable without the lock: a receiver spins on it before it sleeps.
+  std::atomic<std::int64_t> waiting{0};
 };
 
 struct thread_group_state {
@@ -468,6 +470,7 @@ class thread_comm : public communicator_api<thread_comm, host> {
       {
         const std::lock_guard lock(box.mutex);
         box.sends.push_back(posted.get());
+        box.waiting.store(static_cast<std::int64_t>(box.sends.size()), std::memory_order_release);
       }
       box.changed.notify_all();
       sends.push_back(std::move(posted));
@@ -512,19 +515,31 @@ class thread_comm : public communicator_api<thread_comm, host> {
         if ((*it)->source == op.peer && (*it)->tag == op.tag) {
           match = *it;
           own.sends.erase(it);
+          own.waiting.store(static_cast<std::int64_t>(own.sends.size()), std::memory_order_release);
           match->state.store(1, std::memory_order_relaxed);
           return true;
         }
       }
       return false;
     };
-    // No spinning: the mailbox is only read with its lock held.
-    detail::wait_until(world, own.mutex, own.changed, nullptr, world_rank(), 0, find, [&] {
-      fail(detail::format_message(
-          "quintet: thread_comm rank {} waited {} ms for a send from rank {} (tag {}) that "
-          "never came",
-          rank_, world.timeout.count(), op.peer, op.tag));
-    });
+    // The mailbox is read with its lock held; first spin on its count of waiting sends (a message
+    // that is already there, or arrives within the spin, costs no sleep and no wake-up), then
+    // sleep on the condition variable.
+    bool found = false;
+    for (int spin = 0; spin < 256 && !found; ++spin) {
+      if (own.waiting.load(std::memory_order_acquire) > 0) {
+        const std::lock_guard lock(own.mutex);
+        found = find();
+      }
+      if (!found && spin >= 64) std::this_thread::yield();
+    }
+    if (!found)
+      detail::wait_until(world, own.mutex, own.changed, nullptr, world_rank(), 0, find, [&] {
+        fail(detail::format_message(
+            "quintet: thread_comm rank {} waited {} ms for a send from rank {} (tag {}) that "
+            "never came",
+            rank_, world.timeout.count(), op.peer, op.tag));
+      });
     const bool fits =
         match->buffer.count == op.buffer.count && match->buffer.type == op.buffer.type;
     if (fits) copy_bytes(op.buffer.data, match->buffer.data, op.buffer.bytes());
@@ -558,6 +573,7 @@ class thread_comm : public communicator_api<thread_comm, host> {
         auto it = std::find(box.sends.begin(), box.sends.end(), sends[s].get());
         if (it != box.sends.end()) {
           box.sends.erase(it);
+          box.waiting.store(static_cast<std::int64_t>(box.sends.size()), std::memory_order_release);
           continue;
         }
       }

@@ -91,6 +91,8 @@ struct bucket_layout {
   std::int64_t max_elements = 0;  // 0: one bucket per set; else at most this many (a larger
                                   // parameter gets a bucket of its own)
   bool shardable = false;         // pad each bucket to split evenly over its partial axes' ranks
+
+  friend bool operator==(const bucket_layout&, const bucket_layout&) = default;
 };
 
 template <class T, class Device>
@@ -195,10 +197,24 @@ class parameter_registry {
 
   // Moves every parameter's value and gradient into its bucket's flat buffers (bit for bit) and
   // frees their own storage. Once flattened, no parameter can be added. Idempotent.
-  void flatten(const bucket_layout& layout = {}) {
+  // flatten() keeps whatever layout the registry already has; flatten(layout) insists on its own
+  // (a registry flattened before with another layout is an error, not silently kept).
+  void flatten() {
+    if (buckets_.empty()) flatten(bucket_layout{});
+  }
+  void flatten(const bucket_layout& layout) {
     QUINTET_CHECK(layout.max_elements >= 0, "parameter_registry: buckets of at most {} elements",
                   layout.max_elements);
-    if (!buckets_.empty() || parameters_.empty()) return;
+    if (!buckets_.empty()) {
+      QUINTET_CHECK(layout == layout_,
+                    "parameter_registry: already flattened into buckets of at most {} elements{}; "
+                    "asked for {}{}",
+                    layout_.max_elements, layout_.shardable ? " (shardable)" : "",
+                    layout.max_elements, layout.shardable ? " (shardable)" : "");
+      return;
+    }
+    if (parameters_.empty()) return;
+    layout_ = layout;
     // Buckets in order of first appearance, parameters in registration order within each.
     std::map<std::uint8_t, std::size_t> index;
     std::vector<std::vector<parameter<T, Device>*>> members;
@@ -311,6 +327,7 @@ class parameter_registry {
   // Each parameter's (value, grad) storage until flatten().
   std::deque<std::pair<quintet::tensor<T, Device>, quintet::tensor<T, Device>>> own_storage_;
   std::deque<parameter_bucket<T, Device>> buckets_;
+  bucket_layout layout_{};
   bool gradients_released_ = false;
 };
 

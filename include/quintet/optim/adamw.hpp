@@ -119,6 +119,13 @@ class adamw {
     return found->second;
   }
   std::int64_t steps() const { return steps_; }
+  // Bytes of the moments this optimizer holds (both, every parameter's owned range).
+  std::int64_t state_bytes() const {
+    std::int64_t bytes = 0;
+    for (const auto& [name, state] : states_)
+      bytes += (state.m.numel() + state.v.numel()) * static_cast<std::int64_t>(sizeof(state_type));
+    return bytes;
+  }
 
  private:
   moments& find(std::string_view name) {

@@ -15,6 +15,9 @@ namespace quintet::optim {
 template <class T, class Device>
 double global_gradient_norm(const execution<Device>& exec,
                             const nn::parameter_registry<T, Device>& registry) {
+  QUINTET_CHECK(!registry.gradients_released(),
+                "global_gradient_norm: the gradient buffers were released (ZeRO-2 between steps); "
+                "the norm of a sharded gradient is the data-parallel runtime's");
   double squares = 0.0;
   for (const auto& p : registry) {
     QUINTET_CHECK(p.placement.is_replicated(),

@@ -3,6 +3,14 @@
 // axes; each such sum is all-reduced over the product group of its axes (replicated parameters
 // hold the same gradient on every rank and are not reduced). A parameter sharded over an axis no
 // policy of the plan uses is refused: its layout does not match the plan.
+//
+// Under pipeline parallelism a rank holds the parameters of its stages only: every set is summed
+// over the pp group too, and a parameter several stages hold (the tied token table, on the first
+// and the last stage's ranks, each with the same summed gradient) counts on the rank holding the
+// first of its stages only, so every element of the serial model is counted once.
+//
+//   p = 4, 1F1B:  rank 0: embedding (table counted) | ranks 1, 2: blocks | rank 3: head (its copy
+//                 of the table not counted)  ->  squares summed over pp
 #pragma once
 
 #include <quintet/comm/all_reduce_from_host.hpp>
@@ -15,8 +23,10 @@
 #include <quintet/nn/parameter.hpp>
 #include <quintet/optim/gradient_norm.hpp>
 #include <quintet/parallel/no_mesh.hpp>
+#include <quintet/parallel/strategy.hpp>
 #include <quintet/tensor/tensor.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <map>
@@ -24,19 +34,40 @@
 
 namespace quintet::parallel {
 
+// `stages_here`: the pipeline stages this rank holds (in increasing order), under a plan with
+// pp<...>; empty otherwise, when every parameter must be stage 0's alone.
 template <class Plan, class T, class Device, mesh_like Mesh>
 double global_gradient_norm(const execution<Device>& exec,
-                            const nn::parameter_registry<T, Device>& registry, Mesh& mesh) {
+                            const nn::parameter_registry<T, Device>& registry, Mesh& mesh,
+                            const std::vector<int>& stages_here) {
+  constexpr bool pipelined = Plan::template has<strategy::pipeline>;
+  QUINTET_CHECK(pipelined || stages_here.empty(),
+                "global_gradient_norm: pipeline stages given, but the plan {} has no pp<...>",
+                Plan::name());
+  QUINTET_CHECK(!pipelined || !stages_here.empty(),
+                "global_gradient_norm: the plan {} is pipelined; give the stages this rank holds",
+                Plan::name());
   // Sums in registration order per set of sharded axes; sets in order of their bits, the
   // replicated set (no bits) first.
   std::map<std::uint8_t, double> squares;
   for (const auto& p : registry) {
-    // Parameters held by other stages live on other pp ranks (and a tied table on two): summing
-    // over pp, once each, is the pipeline's part, not built yet.
-    QUINTET_CHECK(p.placement.stages() == std::vector<int>{0},
-                  "global_gradient_norm: parameter '{}' is held by pipeline stages other than 0 "
-                  "alone; the norm over pipeline stages is not implemented yet",
-                  p.name);
+    const std::vector<int> held = p.placement.stages();
+    if constexpr (pipelined) {
+      const auto here = [&](int stage) {
+        return std::find(stages_here.begin(), stages_here.end(), stage) != stages_here.end();
+      };
+      QUINTET_CHECK(std::any_of(held.begin(), held.end(), here),
+                    "global_gradient_norm: this rank holds '{}', which none of its pipeline "
+                    "stages holds",
+                    p.name);
+      // Counted by the rank holding the first of its stages (the tied table: stage 0's).
+      if (!here(held.front())) continue;
+    } else {
+      QUINTET_CHECK(held == std::vector<int>{0},
+                    "global_gradient_norm: parameter '{}' is held by pipeline stages other than 0 "
+                    "alone, but the plan {} has no pp<...>",
+                    p.name, Plan::name());
+    }
     const mesh_axis_set sharded = p.placement.sharded_axes();
     QUINTET_CHECK(Plan::axes.contains_all(sharded),
                   "global_gradient_norm: parameter '{}' is sharded over {}, but the plan {} runs "
@@ -44,11 +75,17 @@ double global_gradient_norm(const execution<Device>& exec,
                   p.name, name_of(sharded), Plan::name(), name_of(Plan::axes));
     squares[sharded.bits()] += kernels::squared_norm(exec, p.grad);
   }
+  if constexpr (pipelined) {
+    // Every pp rank reduces the same sets, in the same order, whichever parameters it holds.
+    squares.try_emplace(mesh_axis_set{}.bits(), 0.0);
+    for (const auto& p : registry) squares.try_emplace(p.placement.sharded_axes().bits(), 0.0);
+  }
   double total = 0.0;
   for (auto& [bits, sum] : squares) {
     mesh_axis_set axes;
     for (const mesh_axis axis : all_mesh_axes)
       if (mesh_axis_set{axis}.bits() & bits) axes = axes.with(axis);
+    if constexpr (pipelined) axes = axes.with(mesh_axis::pp);
     if (!axes.empty()) {
       quintet::tensor<double, host> value(shape{1});
       value(0) = sum;
@@ -58,6 +95,12 @@ double global_gradient_norm(const execution<Device>& exec,
     total += sum;
   }
   return std::sqrt(total);
+}
+
+template <class Plan, class T, class Device, mesh_like Mesh>
+double global_gradient_norm(const execution<Device>& exec,
+                            const nn::parameter_registry<T, Device>& registry, Mesh& mesh) {
+  return global_gradient_norm<Plan>(exec, registry, mesh, {});
 }
 
 // The serial model: every parameter whole on the one rank.

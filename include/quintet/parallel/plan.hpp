@@ -47,11 +47,14 @@ struct checked_policy {
 template <class Policy>
 struct implemented_policy {
   static_assert(Policy::traits::implemented || Policy::kind != strategy::data,
-                "quintet::plan: parallel::dp<...> (data parallelism, ZeRO) is not implemented yet");
+                "quintet::plan: parallel::dp<zero<3>> (ZeRO-3: parameters sharded between uses) "
+                "is not implemented yet; zero<0>, zero<1> and zero<2> are");
   static_assert(Policy::traits::implemented || Policy::kind != strategy::expert,
                 "quintet::plan: parallel::ep<...> (expert parallelism) is not implemented yet");
   static_assert(Policy::traits::implemented || Policy::kind != strategy::pipeline,
-                "quintet::plan: parallel::pp<...> (pipeline parallelism) does not run yet");
+                "quintet::plan: parallel::pp<...>: this schedule's traits do not say it runs "
+                "(pipeline_traits_defaults: implemented = false); the built-ins and "
+                "named_schedule do");
   static_assert(Policy::traits::implemented,
                 "quintet::plan: this policy's style is not implemented yet");
   static constexpr bool ok = true;

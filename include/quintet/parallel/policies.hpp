@@ -2,7 +2,7 @@
 // built-in styles each accepts. A policy is a type: parallel::tp<megatron_1d> selects which code is
 // compiled; how many ranks share the work (the degree) is a runtime value of the device mesh.
 //
-//   dp<zero<S>>        data parallelism, ZeRO stage S              (not implemented yet)
+//   dp<zero<S>>        data parallelism, ZeRO stage S (0, 1, 2)    parallel/data/zero.hpp
 //   tp<megatron_1d>    tensor parallelism                          parallel/tensor/megatron_1d.hpp
 //   sp<megatron_sp>    sequence parallelism on the tp group parallel/sequence/megatron_sp.hpp
 //   sp<ulysses>        all-to-all over heads on the sp axis        parallel/sequence/ulysses.hpp

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <quintet/comm/communicator.hpp>
+#include <quintet/core/error.hpp>
 #include <quintet/mesh/device_mesh.hpp>
 #include <quintet/nn/parameter.hpp>
 #include <quintet/parallel/no_mesh.hpp>
@@ -21,6 +22,9 @@ namespace quintet::parallel {
 
 template <class T, class Device, mesh_like Mesh>
 void synchronize_gradients(nn::parameter_registry<T, Device>& registry, Mesh& mesh) {
+  QUINTET_CHECK(!registry.gradients_released(),
+                "synchronize_gradients: the gradient buffers were released (ZeRO-2 between "
+                "steps); zero_grad() and a backward make them again");
   for (auto& bucket : registry.buckets())
     if (!bucket.partial_axes.empty())
       mesh.group(bucket.partial_axes).all_reduce(bucket.grads, reduce_op::sum);

@@ -9,12 +9,14 @@
 //     rank 0: stage 0 [embedding, blocks.0-1] and stage 3 [blocks.6-7, head]
 //     rank 1: stage 1 [blocks.2-3] and stage 2 [blocks.4-5]
 // The stages are serial-plan GPT stages (no tensor or sequence parallelism inside them yet).
+// train::trainer drives it for plans with pp<...> (train/trainer.hpp); forward_only evaluates.
 #pragma once
 
 #include <quintet/comm/communicator.hpp>
 #include <quintet/core/error.hpp>
 #include <quintet/kernels/cross_entropy.hpp>
 #include <quintet/kernels/execution.hpp>
+#include <quintet/nn/context.hpp>
 #include <quintet/nn/gpt_partition.hpp>
 #include <quintet/nn/gpt_stage.hpp>
 #include <quintet/nn/parameter.hpp>
@@ -22,8 +24,10 @@
 #include <quintet/parallel/pipeline/schedule.hpp>
 #include <quintet/parallel/pipeline/shared_gradients.hpp>
 #include <quintet/parallel/sequence/whole_sequence.hpp>
+#include <quintet/tensor/tensor.hpp>
 #include <quintet/tensor/tensor_view.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -70,7 +74,10 @@ class gpt_pipeline {
   // (d objective / d loss sum: 1 / the step's counted targets for the mean), then the tied table's
   // gradient summed. Gradients accumulate into the registry (zero them between steps). Returns each
   // micro-batch's loss on the rank holding the last stage, nothing elsewhere.
-  std::vector<kernels::cross_entropy_result> step(const data_source& data, double loss_scale) {
+  // shared: sum the tied table's gradient here (sum_shared_gradients() later otherwise: data
+  // parallelism first completes its reductions, which may still be reading the gradients).
+  std::vector<kernels::cross_entropy_result> step(const data_source& data, double loss_scale,
+                                                  bool shared = true) {
     typename runtime_type::links link;
     link.input = [&](int, int m, const typename stage_type::output_type* previous) {
       const micro_batch batch = data(m);
@@ -98,13 +105,68 @@ class gpt_pipeline {
       return shape{batch.tokens.shape()[0], rows, config_.d_model};
     };
     std::vector<typename stage_type::output_type> outputs = runtime_.run(link);
-    parallel::pipeline::sum_shared_gradients(registry_, pp_, runtime_.plan(), exec_);
+    if (shared) sum_shared_gradients();
     std::vector<kernels::cross_entropy_result> losses;
     losses.reserve(outputs.size());
     for (const auto& out : outputs) losses.push_back(out.loss);
     return losses;
   }
 
+  // The tied table's gradient summed between the first and the last stage's ranks (every rank of
+  // pp calls it; those without the table return at once).
+  void sum_shared_gradients() {
+    parallel::pipeline::sum_shared_gradients(registry_, pp_, runtime_.plan(), exec_);
+  }
+
+  // The forward alone of micro-batches 0 .. micro_batches - 1 (evaluation): each micro-batch goes
+  // down the stages in stage order, its activations sent to the next stage's rank with blocking
+  // point-to-point calls, its contexts dropped. Every rank runs its stages in the same global
+  // order, (micro-batch, stage), so each send meets a receive waiting for it: no deadlock. Returns
+  // each micro-batch's loss on the rank holding the last stage, nothing elsewhere.
+  std::vector<kernels::cross_entropy_result> forward_only(const data_source& data,
+                                                          int micro_batches) {
+    const parallel::pipeline::schedule& s = runtime_.plan();
+    const int me = pp_.rank();
+    const int last = s.stages() - 1;
+    std::vector<kernels::cross_entropy_result> losses;
+    for (int m = 0; m < micro_batches; ++m) {
+      const micro_batch batch = data(m);
+      QUINTET_CHECK(batch.tokens.rank() == 2,
+                    "gpt pipeline: micro-batch {} has tokens of shape {}, expected (batch, seq)", m,
+                    batch.tokens.shape());
+      const shape boundary{batch.tokens.shape()[0], batch.tokens.shape()[1], config_.d_model};
+      quintet::tensor<T, Device> carried;  // the previous stage's activations, on this rank
+      for (int stage = 0; stage <= last; ++stage) {
+        if (s.rank_of(stage) != me) continue;
+        quintet::tensor<T, Device> input;
+        if (stage > 0) {
+          if (s.rank_of(stage - 1) == me) {
+            input = std::move(carried);
+          } else {
+            input = quintet::tensor<T, Device>(boundary);
+            pp_.recv(input, s.rank_of(stage - 1));
+          }
+        }
+        nn::context<Device> ctx;  // dropped: nothing of the forward is kept
+        typename stage_type::output_type out = local_stage(stage).forward(
+            ctx, {.tokens = batch.tokens,
+                  .targets = batch.targets,
+                  .activations = stage > 0 ? tensor_view<const T, Device>(input)
+                                           : tensor_view<const T, Device>(),
+                  .ignore_index = batch.ignore_index});
+        if (stage == last) {
+          losses.push_back(out.loss);
+        } else if (s.rank_of(stage + 1) == me) {
+          carried = std::move(out.activations);
+        } else {
+          pp_.send(out.activations, s.rank_of(stage + 1));
+        }
+      }
+    }
+    return losses;
+  }
+
+  const nn::gpt_config& config() const { return config_; }
   const std::vector<int>& layers() const { return layers_; }
   // This rank's stages, in increasing stage order.
   const std::vector<std::unique_ptr<stage_type>>& stages() const { return stages_; }
@@ -115,6 +177,14 @@ class gpt_pipeline {
   }
 
  private:
+  stage_type& local_stage(int stage) {
+    const std::vector<int>& held = runtime_.stages();
+    const auto found = std::find(held.begin(), held.end(), stage);
+    QUINTET_CHECK(found != held.end(), "gpt pipeline: rank {} does not hold stage {}", pp_.rank(),
+                  stage);
+    return *stages_[static_cast<std::size_t>(found - held.begin())];
+  }
+
   static std::vector<int> checked_layers(const nn::gpt_config& config,
                                          const parallel::pipeline::schedule& s,
                                          std::vector<int> layers) {

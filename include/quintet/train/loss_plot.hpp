@@ -11,6 +11,7 @@
 #pragma once
 
 #include <quintet/core/error.hpp>
+#include <quintet/core/xml_text.hpp>
 
 #include <fmt/format.h>
 
@@ -38,33 +39,6 @@ struct loss_curve {
 };
 
 namespace loss_plot_detail {
-
-// Text for an SVG element or attribute: &, <, >, " and ' as entities, other control bytes dropped.
-inline std::string xml_escape(std::string_view text) {
-  std::string out;
-  for (const char ch : text) {
-    switch (ch) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      case '\'':
-        out += "&apos;";
-        break;
-      default:
-        if (static_cast<unsigned char>(ch) >= 0x20 || ch == '\t') out += ch;
-    }
-  }
-  return out;
-}
 
 // A tick spacing of 1, 2 or 5 times a power of ten giving about `ticks` intervals over `range`.
 inline double nice_tick(double range, int ticks) {
@@ -126,7 +100,7 @@ inline std::string loss_curve_svg(const loss_curve& curve, int width = 800, int 
       "<rect x=\"0\" y=\"0\" width=\"{0}\" height=\"{1}\" fill=\"white\"/>\n"
       "<text id=\"title\" x=\"{2:.1f}\" y=\"22\" text-anchor=\"middle\" "
       "font-size=\"14\">{3}</text>\n",
-      width, height, left + plot_w / 2, loss_plot_detail::xml_escape(curve.title));
+      width, height, left + plot_w / 2, xml_text(curve.title));
 
   // Grid, ticks and their labels.
   svg += "<g id=\"grid\" stroke=\"#e0e0e0\" stroke-width=\"1\">\n";
@@ -201,8 +175,7 @@ inline std::string loss_curve_svg(const loss_curve& curve, int width = 800, int 
     svg += fmt::format(
         "<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"{}\" "
         "stroke-width=\"2\"{}/>\n<text x=\"{:.1f}\" y=\"{:.1f}\">{}</text>\n",
-        x, y, x + 24, y, legend[i].color, legend[i].dash, x + 30, y + 4,
-        loss_plot_detail::xml_escape(legend[i].text));
+        x, y, x + 24, y, legend[i].color, legend[i].dash, x + 30, y + 4, xml_text(legend[i].text));
   }
   svg += "</g>\n</svg>\n";
   return svg;

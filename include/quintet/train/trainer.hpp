@@ -1,9 +1,10 @@
 // trainer: the training loop of a GPT on one rank — global batches from a token source split into
 // micro-batches whose gradients accumulate, the mean loss, global-norm clipping, AdamW with a
 // cosine schedule, and a stop naming the step when the loss stops being a number. Under a plan
-// the rank holds its part of the model and every rank runs the same loop on the same (whole)
-// batch: tensor parallelism (tp), Megatron-SP (the sequence on the tp group), and Ulysses or ring
-// attention (the sequence on the sp axis, alone or with tp). After the last micro-batch's
+// the rank holds its part of the model and every rank runs the same loop; the ranks of tp and sp
+// groups on the same (whole) batch of their dp rank's rows: tensor parallelism (tp), Megatron-SP
+// (the sequence on the tp group), and Ulysses or ring attention (the sequence on the sp axis,
+// alone or with tp). After the last micro-batch's
 // backward the step sums the gradients the plan leaves partial, then takes the norm. The
 // micro-batches run as a step list (forward, backward of each in turn) through the executor that
 // pipeline schedules will drive with their own lists.
@@ -12,6 +13,17 @@
 // its micro-batches from its rows; the count of targets and the loss are summed over dp, so the
 // gradient is that of the global mean however the rows fall. Gradients are reduced in buckets
 // while backward runs and, under ZeRO, each rank updates its shard (parallel/data/).
+//
+// Pipeline parallelism (pp<Schedule>) cuts the model into stages over the pp ranks
+// (train::gpt_pipeline): each rank builds the stages the schedule's stage map gives it, runs its
+// action list over the step's micro-batches (parallel::pipeline::runtime), and the tied token
+// table's gradient is summed between the first and the last stage's ranks. The norm counts every
+// element of the serial model once over pp (the table on stage 0's rank), each rank's AdamW
+// updates the parameters it holds, and the loss, known on the last stage's rank, is summed over
+// pp so every rank reports it. pp<named_schedule> takes the schedule's name from
+// training_options::pipeline (one plan type for every built-in schedule). Composes with
+// dp<zero<0>> (each dp replica a pipeline); tp, sp and ZeRO-1/2 with pp are refused at compile
+// time (the stages are serial-plan stages).
 //
 // evaluate(source, batches) scores the model as it stands on other data (a held-out source): the
 // forward alone, on every rank under the trainer's plan, into contexts it then drops — no gradient,
@@ -23,6 +35,7 @@
 #include <quintet/data/token_batch.hpp>
 #include <quintet/data/token_source.hpp>
 #include <quintet/kernels/execution.hpp>
+#include <quintet/mesh/device_mesh.hpp>
 #include <quintet/nn/context.hpp>
 #include <quintet/nn/gpt.hpp>
 #include <quintet/nn/parameter.hpp>
@@ -31,18 +44,31 @@
 #include <quintet/optim/lr_schedule.hpp>
 #include <quintet/parallel/data/data_parallel_runtime.hpp>
 #include <quintet/parallel/gradient_norm.hpp>
+#include <quintet/parallel/pipeline/catalog.hpp>
 #include <quintet/parallel/plan.hpp>
 #include <quintet/parallel/synchronize_gradients.hpp>
 #include <quintet/train/executor.hpp>
+#include <quintet/train/gpt_pipeline.hpp>
 
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <string>
+#include <type_traits>
 #include <variant>
 #include <vector>
 
 namespace quintet::train {
+
+// How a plan with pp<...> cuts and schedules the model.
+struct pipeline_options {
+  // pp<named_schedule>: the catalog's name (gpipe, 1f1b, interleaved, zb-h1, zb-h2, zb-v,
+  // dualpipe-v, bpipe); must stay empty for a style that is its schedule (pp<zb_v>).
+  std::string schedule;
+  int virtual_stages = 2;   // chunks per rank of a named interleaved schedule
+  std::vector<int> layers;  // layers per virtual stage, in stage order; empty: balanced
+};
 
 struct training_options {
   std::int64_t steps = 1000;
@@ -60,6 +86,7 @@ struct training_options {
   // Data parallelism: elements per gradient-reduction bucket (0: one bucket per set of partial
   // axes, reduced after backward).
   std::int64_t bucket_elements = 0;
+  pipeline_options pipeline{};
 
   void validate() const {
     QUINTET_CHECK(steps >= 1, "training: {} steps, need at least 1", steps);
@@ -76,6 +103,8 @@ struct training_options {
                   "training: gradient buckets of {} elements; give a positive size (or 0: one "
                   "bucket per set of partial axes)",
                   bucket_elements);
+    QUINTET_CHECK(pipeline.virtual_stages >= 1,
+                  "training: {} virtual stages per rank, need at least 1", pipeline.virtual_stages);
   }
 };
 
@@ -100,14 +129,31 @@ struct step_metrics {
 template <class T, class Source, class Plan = serial_plan, class Mesh = parallel::no_mesh>
 requires token_source<Source> && parallel::mesh_for<Mesh, Plan>
 class trainer {
-  // A style declared implemented that this loop does not run must not train serially in disguise.
-  static_assert(!Plan::template has<parallel::strategy::pipeline>,
-                "train::trainer runs the whole model on every rank: a plan with parallel::pp<...> "
-                "needs the pipeline executor");
   static_assert(Plan::batch_split_axes.empty() ||
                     Plan::batch_split_axes == mesh_axis_set{mesh_axis::dp},
                 "train::trainer splits the batch over the dp axis only");
   static constexpr bool is_data_parallel = Plan::template has<parallel::strategy::data>;
+  static constexpr bool is_pipelined = Plan::template has<parallel::strategy::pipeline>;
+  // The pipeline's stages are serial-plan GPT stages (train::gpt_pipeline): nothing inside them
+  // is sharded, so a tensor or sequence policy would leave its ranks computing the same thing.
+  static_assert(!is_pipelined || (!Plan::template has<parallel::strategy::tensor> &&
+                                  !Plan::template has<parallel::strategy::sequence>),
+                "train::trainer: pp<...> with tp<...> or sp<...> is not supported yet: the "
+                "pipeline's stages are serial-plan GPT stages");
+  template <class Style>
+  static constexpr int zero_stage_of = [] {
+    if constexpr (requires { Style::stage; }) {
+      return Style::stage;
+    } else {
+      return 0;
+    }
+  }();
+  // ZeRO-1/2 shard the reduced gradient over dp before the tied table's pp sum could complete it
+  // (and their norm counts every parameter on every pp rank): only DDP composes with pp so far.
+  static_assert(!is_pipelined || !is_data_parallel ||
+                    zero_stage_of<typename Plan::template style<parallel::strategy::data>> == 0,
+                "train::trainer: pp<...> composes with dp<zero<0>> only; ZeRO-1/2 with pipeline "
+                "parallelism is not supported yet");
   template <bool, class M>
   struct runtime_slot {
     using type = std::monostate;
@@ -115,6 +161,47 @@ class trainer {
   template <class M>
   struct runtime_slot<true, M> {
     using type = std::optional<parallel::data_parallel_runtime<T, host, M>>;
+  };
+  // The model of the rank: the whole model (one stage, run by the executor), or its pipeline
+  // stages (the runtime).
+  template <bool, class M>
+  struct model_slot {
+    using model_type = nn::gpt<T, host, Plan, M>;
+    using stage_type = typename model_type::stage_type;
+    model_type model;
+    executor<stage_type> steps;
+    model_slot(nn::parameter_registry<T, host>& registry, const execution<host>& exec,
+               const nn::gpt_config& config, const training_options&, M* mesh)
+        : model(registry, exec, config, mesh), steps({&model.stage()}) {}
+    const nn::gpt_config& config() const { return model.config(); }
+    std::vector<stage_type*> stages() { return {&model.stage()}; }
+  };
+  template <class M>
+  struct model_slot<true, M> {
+    using pipeline_type = gpt_pipeline<T, host, communicator_of<M>>;
+    using stage_type = typename pipeline_type::stage_type;
+    pipeline_type pipeline;
+    model_slot(nn::parameter_registry<T, host>& registry, const execution<host>& exec,
+               const nn::gpt_config& config, const training_options& options, M* mesh)
+        : pipeline(registry, exec, (checked(config, mesh), config),
+                   make_schedule(options, mesh->pp().size()), mesh->pp(), options.pipeline.layers) {
+    }
+    const nn::gpt_config& config() const { return pipeline.config(); }
+    std::vector<stage_type*> stages() {
+      std::vector<stage_type*> out;
+      for (const auto& stage : pipeline.stages()) out.push_back(stage.get());
+      return out;
+    }
+    // The stages are serial-plan stages, which check no mesh: the plan's checks of the degrees
+    // (and of the layers against its style) happen here.
+    static void checked(const nn::gpt_config& config, M* mesh) {
+      config.validate();
+      parallel::check_mesh<Plan>(mesh, {.d_model = config.d_model,
+                                        .heads = config.heads,
+                                        .hidden = config.hidden(),
+                                        .vocab = config.vocab,
+                                        .layers = config.layers});
+    }
   };
 
  public:
@@ -127,8 +214,7 @@ class trainer {
         exec_(exec),
         mesh_(required(mesh)),
         registry_(make_registry(options.seed, mesh)),
-        model_(registry_, exec_, model, mesh),
-        executor_({&model_.stage()}),
+        model_(registry_, exec_, model, options_, mesh),
         optimizer_(registry_, exec_,
                    {.lr = options.lr,
                     .beta1 = options.beta1,
@@ -148,9 +234,25 @@ class trainer {
       registry_.flatten(parallel::data_parallel_runtime<T, host, Mesh>::layout(dp_options));
       data_parallel_.emplace(registry_, *mesh_, dp_options);
       data_parallel_->own_optimizer_state(optimizer_);
-      model_.stage().on_gradients_ready([this](std::span<nn::parameter<T, host>* const> ready) {
-        data_parallel_->gradients_ready(ready);
-      });
+      // A rank holding the first and the last stage (a V-shaped map) keeps one tied table that
+      // both stages' backwards complete, in either order: it is left unannounced, and its bucket
+      // reduced after the last backward (finish_reduction).
+      const nn::parameter<T, host>* shared = nullptr;
+      if constexpr (is_pipelined) {
+        const auto stages = model_.stages();
+        if (model.tie_weights && stages.size() >= 2 && stages.front()->holds_embedding() &&
+            stages.back()->holds_head())
+          for (auto& p : registry_)
+            if (p.placement.stages().size() >= 2) shared = &p;
+      }
+      for (auto* stage : model_.stages())
+        stage->on_gradients_ready([this, shared](std::span<nn::parameter<T, host>* const> ready) {
+          if (shared == nullptr) return data_parallel_->gradients_ready(ready);
+          std::vector<nn::parameter<T, host>*> announced;
+          for (auto* p : ready)
+            if (p != shared) announced.push_back(p);
+          data_parallel_->gradients_ready(announced);
+        });
     }
     registry_.flatten();
     QUINTET_CHECK(model.vocab >= source.vocab_size(),
@@ -188,35 +290,62 @@ class trainer {
     QUINTET_CHECK(counted > 0, "training: every target of step {} is padding", step);
     // Every micro-batch's backward takes d(mean)/d(its loss sum) = 1 / (targets that count in the
     // whole batch), so the accumulated gradient is that of the global mean, however the batch is
-    // split and wherever its padding falls. Every rank holds the whole batch, so every rank knows
-    // the count before the first backward.
-    registry_.zero_grad();
+    // split and wherever its padding falls. Every rank knows the count before the first backward
+    // (summed over dp above). The data-parallel runtime settles a failed step's reductions before
+    // zero_grad touches the buffers they read.
     if constexpr (is_data_parallel) data_parallel_->begin_step(static_cast<int>(micro.size()));
+    registry_.zero_grad();
     const double scale = 1.0 / static_cast<double>(counted);
-    using stage_type = typename nn::gpt<T, host, Plan, Mesh>::stage_type;
-    const auto outputs = executor_.run(
-        forward_backward_steps(static_cast<int>(micro.size())), static_cast<int>(micro.size()),
-        {.input =
-             [&](int, int m, const typename stage_type::output_type*) {
-               return typename stage_type::input_type{.tokens = micro[m].inputs.view(),
-                                                      .targets = micro[m].targets.view()};
-             },
-         .gradient =
-             [&](int, int, const typename stage_type::input_gradient_type*) {
-               return typename stage_type::gradient_type{.loss_scale = scale};
-             }});
     double loss_sum = 0.0;
     std::int64_t scored = 0;
-    for (const auto& out : outputs) {
-      loss_sum += out.loss.loss_sum;
-      scored += out.loss.count;
+    if constexpr (is_pipelined) {
+      // The tied table is summed over pp after data parallelism's reductions (below).
+      const auto losses = model_.pipeline.step(
+          [&](int m) {
+            return typename model_slot_type::pipeline_type::micro_batch{
+                .tokens = micro[static_cast<std::size_t>(m)].inputs.view(),
+                .targets = micro[static_cast<std::size_t>(m)].targets.view()};
+          },
+          scale, false);
+      for (const auto& loss : losses) {
+        loss_sum += loss.loss_sum;
+        scored += loss.count;
+      }
+      sum_over_pp(loss_sum, scored);
+    } else {
+      using stage_type = typename model_slot_type::stage_type;
+      const auto outputs = model_.steps.run(
+          forward_backward_steps(static_cast<int>(micro.size())), static_cast<int>(micro.size()),
+          {.input =
+               [&](int, int m, const typename stage_type::output_type*) {
+                 return typename stage_type::input_type{.tokens = micro[m].inputs.view(),
+                                                        .targets = micro[m].targets.view()};
+               },
+           .gradient =
+               [&](int, int, const typename stage_type::input_gradient_type*) {
+                 return typename stage_type::gradient_type{.loss_scale = scale};
+               }});
+      for (const auto& out : outputs) {
+        loss_sum += out.loss.loss_sum;
+        scored += out.loss.count;
+      }
     }
     QUINTET_CHECK(scored == local_counted,
                   "training: step {} counted {} targets but the model scored {}: it skips another "
                   "padding id than kernels::no_target",
                   step, local_counted, scored);
     double norm = 0.0;
-    if constexpr (is_data_parallel) {
+    if constexpr (is_pipelined) {
+      // dp<zero<0>>: the buckets reduced in place over dp; then the tied table's two copies
+      // summed over pp (both orders give the same sum: the reductions are linear).
+      if constexpr (is_data_parallel) {
+        data_parallel_->finish_reduction();
+        loss_sum = sum_over_dp(loss_sum);
+      }
+      model_.pipeline.sum_shared_gradients();
+      norm = parallel::global_gradient_norm<Plan>(exec_, registry_, *mesh_,
+                                                  model_.pipeline.runtime().stages());
+    } else if constexpr (is_data_parallel) {
       // The buckets backward launched, and any it did not, complete here.
       data_parallel_->finish_reduction();
       loss_sum = sum_over_dp(loss_sum);
@@ -248,37 +377,44 @@ class trainer {
     QUINTET_CHECK(source.vocab_size() <= model_.config().vocab,
                   "evaluation: the data's vocabulary ({}) exceeds the model's ({})",
                   source.vocab_size(), model_.config().vocab);
-    const auto start = std::chrono::steady_clock::now();
-    double loss_sum = 0.0;
-    std::int64_t counted = 0;
-    const row_range rows = rank_rows();
-    for (std::int64_t b = 0; b < batches; ++b) {
-      for (std::int64_t i = 0; i < options_.micro_batches; ++i) {
-        const token_batch micro =
-            source.batch(b, split_rows(rows, options_.micro_batches, i), options_.seq);
-        nn::context<host> ctx;  // dropped: nothing of the forward is kept
-        const auto out = model_.stage().forward(
-            ctx, {.tokens = micro.inputs.view(), .targets = micro.targets.view()});
-        loss_sum += out.loss.loss_sum;
-        counted += out.loss.count;
+    if constexpr (is_pipelined) {
+      return evaluate_pipeline(source, batches);
+    } else {
+      const auto start = std::chrono::steady_clock::now();
+      double loss_sum = 0.0;
+      std::int64_t counted = 0;
+      const row_range rows = rank_rows();
+      for (std::int64_t b = 0; b < batches; ++b) {
+        for (std::int64_t i = 0; i < options_.micro_batches; ++i) {
+          const token_batch micro =
+              source.batch(b, split_rows(rows, options_.micro_batches, i), options_.seq);
+          nn::context<host> ctx;  // dropped: nothing of the forward is kept
+          const auto out = model_.model.stage().forward(
+              ctx, {.tokens = micro.inputs.view(), .targets = micro.targets.view()});
+          loss_sum += out.loss.loss_sum;
+          counted += out.loss.count;
+        }
       }
+      if constexpr (is_data_parallel) {
+        loss_sum = sum_over_dp(loss_sum);
+        counted = sum_over_dp(counted);
+      }
+      QUINTET_CHECK(counted > 0, "evaluation: every target of the {} batches is padding", batches);
+      const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
+      return {.step = next_step_,
+              .loss = loss_sum / static_cast<double>(counted),
+              .tokens = counted,
+              .batches = batches,
+              .seconds = elapsed.count()};
     }
-    if constexpr (is_data_parallel) {
-      loss_sum = sum_over_dp(loss_sum);
-      counted = sum_over_dp(counted);
-    }
-    QUINTET_CHECK(counted > 0, "evaluation: every target of the {} batches is padding", batches);
-    const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
-    return {.step = next_step_,
-            .loss = loss_sum / static_cast<double>(counted),
-            .tokens = counted,
-            .batches = batches,
-            .seconds = elapsed.count()};
   }
 
   std::int64_t next_step() const { return next_step_; }
+  // The rank's pipeline: its stages, the runtime (the schedule, what the last step measured).
+  auto& pipeline() requires is_pipelined { return model_.pipeline; }
   nn::parameter_registry<T, host>& parameters() { return registry_; }
   const training_options& options() const { return options_; }
+  const optim::adamw<T, host>& optimizer() const { return optimizer_; }
   // Data parallelism's state (buckets, memory, the last step's reduction timeline).
   auto& data_parallel() requires is_data_parallel { return *data_parallel_; }
   // What a decoder over the trained parameters needs (nn::gpt_decoder): the model's
@@ -294,6 +430,78 @@ class trainer {
   }
 
  private:
+  using model_slot_type = model_slot<is_pipelined, Mesh>;
+
+  // The step's schedule for p pp ranks and the training's micro-batches: the style's own, or the
+  // named one (pp<named_schedule>). A schedule's rules on m and p are the generator's errors.
+  static parallel::pipeline::schedule make_schedule(const training_options& options, int ranks) {
+    using style = typename Plan::template style<parallel::strategy::pipeline>;
+    const parallel::pipeline::schedule_shape shape{
+        .ranks = ranks, .micro_batches = static_cast<int>(options.micro_batches)};
+    if constexpr (std::is_same_v<style, parallel::named_schedule>) {
+      QUINTET_CHECK(!options.pipeline.schedule.empty(),
+                    "training under pp<named_schedule>: name the schedule "
+                    "(training_options::pipeline.schedule; known: {})",
+                    parallel::pipeline::builtin_schedule_names());
+      return parallel::pipeline::generate(options.pipeline.schedule, shape,
+                                          options.pipeline.virtual_stages);
+    } else {
+      QUINTET_CHECK(options.pipeline.schedule.empty(),
+                    "training under pp<{}>: the plan's style is the schedule; a schedule named "
+                    "at run time ('{}') needs pp<named_schedule>",
+                    parallel::style_name<style>(), options.pipeline.schedule);
+      return style::generate(shape);
+    }
+  }
+
+  // evaluate() under pp: each micro-batch's forward down the stages; the loss from the last
+  // stage's rank, summed over pp (and dp).
+  template <token_source Evaluation>
+  evaluation_metrics evaluate_pipeline(const Evaluation& source, std::int64_t batches) {
+    const auto start = std::chrono::steady_clock::now();
+    double loss_sum = 0.0;
+    std::int64_t counted = 0;
+    const row_range rows = rank_rows();
+    for (std::int64_t b = 0; b < batches; ++b) {
+      std::vector<token_batch> micro;
+      for (std::int64_t i = 0; i < options_.micro_batches; ++i)
+        micro.push_back(source.batch(b, split_rows(rows, options_.micro_batches, i), options_.seq));
+      const auto losses = model_.pipeline.forward_only(
+          [&](int m) {
+            return typename model_slot_type::pipeline_type::micro_batch{
+                .tokens = micro[static_cast<std::size_t>(m)].inputs.view(),
+                .targets = micro[static_cast<std::size_t>(m)].targets.view()};
+          },
+          static_cast<int>(micro.size()));
+      for (const auto& loss : losses) {
+        loss_sum += loss.loss_sum;
+        counted += loss.count;
+      }
+    }
+    sum_over_pp(loss_sum, counted);
+    if constexpr (is_data_parallel) {
+      loss_sum = sum_over_dp(loss_sum);
+      counted = sum_over_dp(counted);
+    }
+    QUINTET_CHECK(counted > 0, "evaluation: every target of the {} batches is padding", batches);
+    const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
+    return {.step = next_step_,
+            .loss = loss_sum / static_cast<double>(counted),
+            .tokens = counted,
+            .batches = batches,
+            .seconds = elapsed.count()};
+  }
+
+  // The last stage's loss sum and count to every pp rank (the others add zeros: exact).
+  void sum_over_pp(double& loss_sum, std::int64_t& count) {
+    quintet::tensor<double, host> sum(shape{2});
+    sum(0) = loss_sum;
+    sum(1) = static_cast<double>(count);
+    all_reduce_from_host(mesh_->pp(), sum, reduce_op::sum);
+    loss_sum = sum(0);
+    count = static_cast<std::int64_t>(sum(1));
+  }
+
   static std::int64_t counted_targets(const token_batch& batch) {
     std::int64_t n = 0;
     const std::int32_t* targets = batch.targets.data();
@@ -341,8 +549,7 @@ class trainer {
   const execution<host>& exec_;
   Mesh* mesh_;
   nn::parameter_registry<T, host> registry_;
-  nn::gpt<T, host, Plan, Mesh> model_;
-  executor<typename nn::gpt<T, host, Plan, Mesh>::stage_type> executor_;
+  model_slot_type model_;
   optim::adamw<T, host> optimizer_;
   optim::cosine_schedule schedule_;
   typename runtime_slot<is_data_parallel, Mesh>::type data_parallel_;

@@ -67,11 +67,13 @@ struct data_parallel_memory {
 };
 
 // When the buckets of the last step were launched, and when backward ended (finish_reduction()
-// was called): the overlap, as measured.
+// was called): the overlap, as measured. `launched_early` counts the buckets launched while some
+// gradient of the step was still to be computed — reductions that can overlap backward.
 struct reduction_timeline {
   using clock = std::chrono::steady_clock;
   std::vector<clock::time_point> launches;  // in launch order
   clock::time_point backward_end{};
+  std::int64_t launched_early = 0;
 };
 
 template <class T, class Device, mesh_like Mesh>
@@ -109,7 +111,7 @@ class data_parallel_runtime {
       // Made now, on every rank in the same order: a product group is split from the world.
       slot.group = &mesh.group(bucket.partial_axes);
       for (std::size_t i = 0; i < bucket.parameters.size(); ++i)
-        bucket_of_[bucket.parameters[i]] = b;
+        announcements_[bucket.parameters[i]] = {.bucket = b};
       if (sharded()) {
         slot.sharding = flat_sharding::of(bucket.values.numel(), slot.group->size());
         QUINTET_CHECK(slot.sharding.padded == bucket.values.numel(),
@@ -152,17 +154,28 @@ class data_parallel_runtime {
     }
   }
 
-  // Before a step's first backward: each parameter is to be announced `micro_batches` times.
+  // Before a step's first backward (and before its zero_grad): each parameter is to be announced
+  // `micro_batches` times. A step that threw midway leaves reductions in flight on the gradient
+  // buffers: they are completed (their errors dropped: the step already failed) before anything
+  // touches those buffers again.
   void begin_step(int micro_batches) {
     QUINTET_CHECK(micro_batches >= 1, "data parallelism: {} micro-batches", micro_batches);
-    QUINTET_CHECK(!in_step_, "data parallelism: a step begins before the last one finished");
+    if (in_step_) {
+      for (auto& slot : slots_) {
+        try {
+          slot.request.wait();
+        } catch (...) {
+        }
+        if (options_.zero_stage == 1) slot.shard = {};  // ZeRO-1's shard lives for a step
+      }
+    }
     in_step_ = true;
     auto& buckets = registry_.buckets();
     for (std::size_t b = 0; b < buckets.size(); ++b) {
-      slots_[b].announcements_left =
-          static_cast<std::int64_t>(buckets[b].parameters.size()) * micro_batches;
+      slots_[b].parameters_left = static_cast<std::int64_t>(buckets[b].parameters.size());
       slots_[b].launched = false;
     }
+    for (auto& [p, count] : announcements_) count.left = micro_batches;
     timeline_ = {};
   }
 
@@ -170,15 +183,17 @@ class data_parallel_runtime {
   void gradients_ready(std::span<nn::parameter<T, Device>* const> parameters) {
     if (!in_step_) return;  // a backward outside train steps (tests of the model alone)
     for (auto* p : parameters) {
-      const auto found = bucket_of_.find(p);
-      QUINTET_CHECK(found != bucket_of_.end(),
+      const auto found = announcements_.find(p);
+      QUINTET_CHECK(found != announcements_.end(),
                     "data parallelism: parameter '{}' is not in the registry's buckets", p->name);
-      bucket_slot& slot = slots_[found->second];
-      QUINTET_CHECK(slot.announcements_left > 0,
+      announcement_count& count = found->second;
+      QUINTET_CHECK(count.left > 0,
                     "data parallelism: parameter '{}' was announced ready more often than its "
                     "micro-batches",
                     p->name);
-      if (--slot.announcements_left == 0) launch(found->second);
+      // A bucket goes once each of its parameters has had all its micro-batches.
+      if (--count.left == 0 && --slots_[count.bucket].parameters_left == 0)
+        launch(count.bucket, true);
     }
   }
 
@@ -188,7 +203,7 @@ class data_parallel_runtime {
     QUINTET_CHECK(in_step_, "data parallelism: finish_reduction() without begin_step()");
     timeline_.backward_end = reduction_timeline::clock::now();
     for (std::size_t b = 0; b < slots_.size(); ++b)
-      if (!slots_[b].launched) launch(b);
+      if (!slots_[b].launched) launch(b, false);
     auto& buckets = registry_.buckets();
     for (std::size_t b = 0; b < slots_.size(); ++b) {
       bucket_slot& slot = slots_[b];
@@ -207,6 +222,11 @@ class data_parallel_runtime {
   template <class Plan>
   double gradient_norm(const execution<Device>& exec) {
     if (!sharded()) return global_gradient_norm<Plan>(exec, registry_, mesh_);
+    for (const auto& p : registry_)
+      QUINTET_CHECK(Plan::axes.contains_all(p.placement.sharded_axes()),
+                    "gradient norm: parameter '{}' is sharded over {}, but the plan {} runs on {} "
+                    "only",
+                    p.name, name_of(p.placement.sharded_axes()), Plan::name(), name_of(Plan::axes));
     // Each rank's shard: a parameter's owned range is unique over its bucket's group, and its
     // blocks over its sharded axes; summed over the union of the two.
     std::map<std::uint8_t, double> squares;
@@ -280,7 +300,7 @@ class data_parallel_runtime {
     comm_type* group = nullptr;        // the product group of the bucket's partial axes
     flat_sharding sharding{};          // ZeRO: the bucket's shards over the group
     quintet::tensor<T, Device> shard;  // this rank's reduced shard (ZeRO-2; ZeRO-1 in a step)
-    std::int64_t announcements_left = 0;
+    std::int64_t parameters_left = 0;  // with micro-batches still to announce, this step
     bool launched = false;
     comm_request request{};
   };
@@ -313,11 +333,16 @@ class data_parallel_runtime {
     return axes;
   }
 
-  void launch(std::size_t b) {
+  // `announced`: launched by the last announcement of its parameters (not by finish_reduction).
+  void launch(std::size_t b, bool announced) {
     auto& bucket = registry_.buckets()[b];
     bucket_slot& slot = slots_[b];
     slot.launched = true;
     timeline_.launches.push_back(reduction_timeline::clock::now());
+    if (announced && std::any_of(slots_.begin(), slots_.end(), [](const bucket_slot& other) {
+          return other.parameters_left > 0;
+        }))
+      ++timeline_.launched_early;
     if (sharded()) {
       // ZeRO-1 receives into a shard buffer of the step only (copied into the gradient buffer).
       if (options_.zero_stage == 1)
@@ -332,7 +357,11 @@ class data_parallel_runtime {
   Mesh& mesh_;
   data_parallel_options options_;
   std::vector<bucket_slot> slots_;
-  std::unordered_map<const nn::parameter<T, Device>*, std::size_t> bucket_of_;
+  struct announcement_count {
+    std::size_t bucket = 0;
+    std::int64_t left = 0;  // micro-batches of this step not yet announced
+  };
+  std::unordered_map<const nn::parameter<T, Device>*, announcement_count> announcements_;
   bool in_step_ = false;
   reduction_timeline timeline_;
 };

@@ -13,6 +13,8 @@
 #include <quintet/mesh/mesh_axis.hpp>
 #include <quintet/parallel/strategy.hpp>
 
+#include <fmt/format.h>
+
 #include <string>
 #include <string_view>
 
@@ -29,7 +31,7 @@ struct strategy_traits<zero<Stage>> : style_traits_defaults {
   static constexpr strategy kind = strategy::data;
   static constexpr std::string_view name = "zero";
   static constexpr bool implemented = Stage <= 2;  // zero<3>: parameters sharded, not yet
-  static std::string parameters() { return "<" + std::to_string(Stage) + ">"; }
+  static std::string parameters() { return fmt::format("<{}>", Stage); }
   static constexpr mesh_axis_set axes{mesh_axis::dp};
   static constexpr mesh_axis_set batch_split_axes{mesh_axis::dp};
   static constexpr mesh_axis_set partial_gradient_axes(const placement&) { return {mesh_axis::dp}; }

@@ -9,6 +9,8 @@
 #include <quintet/mesh/mesh_axis.hpp>
 #include <quintet/parallel/strategy.hpp>
 
+#include <fmt/format.h>
+
 #include <string>
 #include <string_view>
 
@@ -25,7 +27,7 @@ struct strategy_traits<top_k<K>> : style_traits_defaults {
   static constexpr strategy kind = strategy::expert;
   static constexpr std::string_view name = "top_k";
   static constexpr bool implemented = false;
-  static std::string parameters() { return "<" + std::to_string(K) + ">"; }
+  static std::string parameters() { return fmt::format("<{}>", K); }
   static constexpr mesh_axis_set axes{mesh_axis::ep};
 };
 

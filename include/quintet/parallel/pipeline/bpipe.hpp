@@ -159,7 +159,7 @@ struct bpipe {
 template <class Base>
 struct strategy_traits<bpipe<Base>> : pipeline_traits_defaults {
   static constexpr std::string_view name = "bpipe";
-  static constexpr bool implemented = false;  // generated, verified, simulated; not executed yet
+  static constexpr bool implemented = true;  // runs in train::trainer (pipeline runtime)
   // Reports name the base: "bpipe<one_f_one_b>", "bpipe<interleaved<2>>".
   static std::string parameters() { return "<" + style_name<Base>() + ">"; }
   static void check(const mesh_degrees& degrees, const model_dimensions& model) {

@@ -1,6 +1,8 @@
 // catalog: the built-in schedules by the names people type (train_gpt --schedule, the
 // pipeline_schedules example, the bench), generated at run time — for when the schedule is a
-// flag, not a type. A type (parallel::pp<zb_v>) is still how a plan names one.
+// flag, not a type. A type (parallel::pp<zb_v>) is how a plan fixes one at compile time;
+// parallel::pp<named_schedule> is the style whose schedule is one of these names, chosen at run
+// time (train::training_options::pipeline.schedule), so one plan type serves every schedule.
 #pragma once
 
 #include <quintet/core/error.hpp>
@@ -73,3 +75,32 @@ inline schedule generate(std::string_view name, const schedule_shape& shape,
 }
 
 }  // namespace quintet::parallel::pipeline
+
+namespace quintet::parallel {
+
+// A pipeline style whose schedule is named at run time: one of the catalog's built-ins (the
+// trainer calls pipeline::generate(name, shape, virtual stages)). Every schedule runs the same
+// stage code, so one plan type — one instantiation of the model and the loop — serves them all;
+// what the name changes is data (the action lists). generate(shape) alone cannot know the name:
+// it refuses, saying so.
+struct named_schedule {
+  static pipeline::schedule generate(const pipeline::schedule_shape&) {
+    QUINTET_FAIL(
+        "pp<named_schedule>: the schedule is named at run time; generate it with "
+        "pipeline::generate(name, shape, virtual_stages) (known: {})",
+        pipeline::builtin_schedule_names());
+  }
+};
+
+template <>
+struct strategy_traits<named_schedule> : pipeline_traits_defaults {
+  static constexpr std::string_view name = "named_schedule";
+  static constexpr bool implemented = true;  // runs in train::trainer (pipeline runtime)
+  // The layers are checked against the stages when the schedule is known (nn::check_layers):
+  // only that the model has a layer per rank at least can be said without the name.
+  static void check(const mesh_degrees& degrees, const model_dimensions& model) {
+    pipeline::detail::check_layers(name, degrees, model, 1, false);
+  }
+};
+
+}  // namespace quintet::parallel

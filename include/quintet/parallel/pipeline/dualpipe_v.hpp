@@ -130,10 +130,10 @@ struct dualpipe_v {
   }
 };
 
-// implemented: false, from pipeline_traits_defaults (generated, verified, simulated; not run yet).
 template <>
 struct strategy_traits<dualpipe_v> : pipeline_traits_defaults {
   static constexpr std::string_view name = "dualpipe_v";
+  static constexpr bool implemented = true;  // runs in train::trainer (pipeline runtime)
   static void check(const mesh_degrees& degrees, const model_dimensions& model) {
     pipeline::detail::check_layers(name, degrees, model, 2, true);
   }

@@ -43,7 +43,7 @@ struct gpipe {
 template <>
 struct strategy_traits<gpipe> : pipeline_traits_defaults {
   static constexpr std::string_view name = "gpipe";
-  static constexpr bool implemented = false;  // generated, verified, simulated; not executed yet
+  static constexpr bool implemented = true;  // runs in train::trainer (pipeline runtime)
   static void check(const mesh_degrees& degrees, const model_dimensions& model) {
     pipeline::detail::check_layers(name, degrees, model, 1, false);
   }

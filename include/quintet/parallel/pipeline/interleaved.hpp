@@ -92,9 +92,9 @@ struct interleaved {
 template <int V>
 struct strategy_traits<interleaved<V>> : pipeline_traits_defaults {
   static constexpr std::string_view name = "interleaved";
-  static constexpr bool implemented = false;  // generated, verified, simulated; not executed yet
+  static constexpr bool implemented = true;  // runs in train::trainer (pipeline runtime)
   // Reports name the chunks per rank: "interleaved<2>".
-  static std::string parameters() { return "<" + std::to_string(V) + ">"; }
+  static std::string parameters() { return fmt::format("<{}>", V); }
   static void check(const mesh_degrees& degrees, const model_dimensions& model) {
     pipeline::detail::check_layers("interleaved<V>", degrees, model, V, true);
   }

@@ -54,7 +54,7 @@ struct one_f_one_b {
 template <>
 struct strategy_traits<one_f_one_b> : pipeline_traits_defaults {
   static constexpr std::string_view name = "one_f_one_b";
-  static constexpr bool implemented = false;  // generated, verified, simulated; not executed yet
+  static constexpr bool implemented = true;  // runs in train::trainer (pipeline runtime)
   static void check(const mesh_degrees& degrees, const model_dimensions& model) {
     pipeline::detail::check_layers(name, degrees, model, 1, false);
   }

@@ -1,7 +1,7 @@
 // The pipeline schedules parallel::pp<...> accepts: the pipeline_schedule concept (any type with
 // pipeline traits and a generate(shape) that returns its lists) and the built-in styles, one per
-// header. Each built-in generates, verifies and simulates; none runs yet, so a plan naming one
-// does not compile (issue: pipeline parallelism that runs) — implemented = false in its traits.
+// header. Each built-in generates, verifies, simulates and runs: train::trainer drives the runtime
+// (runtime.hpp) over a plan's pp<...> — implemented = true in its traits.
 //
 //   style             name          chunks  header
 //   gpipe             gpipe         1       gpipe.hpp

@@ -29,9 +29,11 @@ concept pipeline_schedule = parallel_style<Schedule> && strategy_traits<Schedule
   { Schedule::generate(shape) } -> std::same_as<pipeline::schedule>;
 };
 
-// What every pipeline schedule's traits share: stages on the pp axis, and — until the executor
-// runs schedules over stage ranks — not implemented, so a plan naming one (a user's too) does not
-// compile rather than train the whole model on every pp rank.
+// What every pipeline schedule's traits share: stages on the pp axis, and not implemented unless
+// the traits say so. The built-ins say so (train::trainer runs them through the pipeline runtime);
+// a user's schedule opts in with `implemented = true` once it is meant to train (its lists are
+// verified when the trainer is built either way), so a half-written one does not compile into a
+// plan.
 struct pipeline_traits_defaults : style_traits_defaults {
   static constexpr strategy kind = strategy::pipeline;
   static constexpr bool implemented = false;

@@ -5,6 +5,7 @@
 // RELOAD) as small marks under the row, a time axis, and a title with the bubble and peaks.
 #pragma once
 
+#include <quintet/core/xml_text.hpp>
 #include <quintet/parallel/pipeline/schedule.hpp>
 #include <quintet/parallel/pipeline/simulator.hpp>
 
@@ -25,29 +26,6 @@ struct svg_options {
 };
 
 namespace detail {
-
-inline std::string xml_text(std::string_view text) {
-  std::string out;
-  for (const char c : text) {
-    switch (c) {
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '&':
-        out += "&amp;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
-}
 
 inline std::string fixed(double value, int decimals = 1) {
   char buffer[32];
@@ -94,7 +72,7 @@ inline std::string svg_timeline(const schedule& s, const simulation& sim,
                     "\n";
   out += R"(<rect width="100%" height="100%" fill="white"/>)"
          "\n";
-  out += R"(<text x="8" y="20" font-size="14">)" + detail::xml_text(title) + "</text>\n";
+  out += R"(<text x="8" y="20" font-size="14">)" + xml_text(title) + "</text>\n";
   const auto x_of = [&](double t) { return left + t * scale; };
   for (int r = 0; r < s.ranks(); ++r) {
     const double y = top + r * (row + gap);
@@ -114,8 +92,8 @@ inline std::string svg_timeline(const schedule& s, const simulation& sim,
         const double base = y + row + (out_bound ? 1 : 7), tip = y + row + (out_bound ? 7 : 1);
         out += R"(<path d="M)" + detail::fixed(x - 3) + " " + detail::fixed(base) + " L" +
                detail::fixed(x + 3) + " " + detail::fixed(base) + " L" + detail::fixed(x) + " " +
-               detail::fixed(tip) + R"( Z" fill="#c0392b"><title>)" +
-               detail::xml_text(to_string(t.what)) + "</title></path>\n";
+               detail::fixed(tip) + R"( Z" fill="#c0392b"><title>)" + xml_text(to_string(t.what)) +
+               "</title></path>\n";
         continue;
       }
       if (!is_compute(t.what.kind)) continue;
@@ -133,9 +111,8 @@ inline std::string svg_timeline(const schedule& s, const simulation& sim,
       out += R"(<rect x=")" + detail::fixed(x, 2) + R"(" y=")" + detail::fixed(y) + R"(" width=")" +
              detail::fixed(w, 2) + R"(" height=")" + std::to_string(row) + R"(" fill=")" +
              (pair ? fill_of(backward_half(t.what)) : fill_of(t.what)) +
-             R"(" stroke="white" stroke-width="0.5"><title>)" +
-             detail::xml_text(to_string(t.what)) + " [" + detail::fixed(t.start, 2) + ", " +
-             detail::fixed(t.end, 2) + "]</title></rect>\n";
+             R"(" stroke="white" stroke-width="0.5"><title>)" + xml_text(to_string(t.what)) + " [" +
+             detail::fixed(t.start, 2) + ", " + detail::fixed(t.end, 2) + "]</title></rect>\n";
       if (pair) {
         out += R"(<rect x=")" + detail::fixed(x, 2) + R"(" y=")" + detail::fixed(y) +
                R"(" width=")" + detail::fixed(w, 2) + R"(" height=")" + detail::fixed(row / 2.0) +
@@ -149,7 +126,7 @@ inline std::string svg_timeline(const schedule& s, const simulation& sim,
         out += R"(<text x=")" + detail::fixed(x + w / 2) + R"(" y=")" +
                detail::fixed(y + row * 0.68) + R"(" font-size="10" text-anchor="middle" fill=")" +
                (chunk_of(pair ? backward_half(t.what) : t.what) % 2 == 0 ? "white" : "black") +
-               R"(">)" + detail::xml_text(label) + "</text>\n";
+               R"(">)" + xml_text(label) + "</text>\n";
       }
     }
   }

@@ -104,7 +104,7 @@ struct zb_v {
 template <>
 struct strategy_traits<zb_v> : pipeline_traits_defaults {
   static constexpr std::string_view name = "zb_v";
-  static constexpr bool implemented = false;  // generated, verified, simulated; not executed yet
+  static constexpr bool implemented = true;  // runs in train::trainer (pipeline runtime)
   static void check(const mesh_degrees& degrees, const model_dimensions& model) {
     pipeline::detail::check_layers(name, degrees, model, 2, true);
   }

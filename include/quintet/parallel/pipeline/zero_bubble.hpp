@@ -98,7 +98,7 @@ struct zb_h2 {
 template <>
 struct strategy_traits<zb_h1> : pipeline_traits_defaults {
   static constexpr std::string_view name = "zb_h1";
-  static constexpr bool implemented = false;  // generated, verified, simulated; not executed yet
+  static constexpr bool implemented = true;  // runs in train::trainer (pipeline runtime)
   static void check(const mesh_degrees& degrees, const model_dimensions& model) {
     pipeline::detail::check_layers(name, degrees, model, 1, false);
   }
@@ -106,7 +106,7 @@ struct strategy_traits<zb_h1> : pipeline_traits_defaults {
 template <>
 struct strategy_traits<zb_h2> : pipeline_traits_defaults {
   static constexpr std::string_view name = "zb_h2";
-  static constexpr bool implemented = false;
+  static constexpr bool implemented = true;  // runs in train::trainer (pipeline runtime)
   static void check(const mesh_degrees& degrees, const model_dimensions& model) {
     pipeline::detail::check_layers(name, degrees, model, 1, false);
   }
