@@ -395,17 +395,7 @@ class trainer {
           counted += out.loss.count;
         }
       }
-      if constexpr (is_data_parallel) {
-        loss_sum = sum_over_dp(loss_sum);
-        counted = sum_over_dp(counted);
-      }
-      QUINTET_CHECK(counted > 0, "evaluation: every target of the {} batches is padding", batches);
-      const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
-      return {.step = next_step_,
-              .loss = loss_sum / static_cast<double>(counted),
-              .tokens = counted,
-              .batches = batches,
-              .seconds = elapsed.count()};
+      return evaluation_of(loss_sum, counted, batches, start);
     }
   }
 
@@ -479,6 +469,13 @@ class trainer {
       }
     }
     sum_over_pp(loss_sum, counted);
+    return evaluation_of(loss_sum, counted, batches, start);
+  }
+
+  // An evaluation's result from this rank's loss sum and count (summed over dp here), started at
+  // `start`.
+  evaluation_metrics evaluation_of(double loss_sum, std::int64_t counted, std::int64_t batches,
+                                   std::chrono::steady_clock::time_point start) {
     if constexpr (is_data_parallel) {
       loss_sum = sum_over_dp(loss_sum);
       counted = sum_over_dp(counted);

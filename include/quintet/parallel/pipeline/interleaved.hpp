@@ -21,6 +21,8 @@
 #include <quintet/parallel/pipeline/communication.hpp>
 #include <quintet/parallel/pipeline/schedule_style.hpp>
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <string>
 #include <utility>
