@@ -36,6 +36,25 @@ namespace quintet::parallel {
 
 // `stages_here`: the pipeline stages this rank holds (in increasing order), under a plan with
 // pp<...>; empty otherwise, when every parameter must be stage 0's alone.
+// Each set's partial sum of squares all-reduced on the product group of its axes (the empty set:
+// this rank's sum is the whole), then added up: the square of a norm whose elements are spread
+// over those groups. The sets go in the map's order, the same on every rank.
+template <mesh_like Mesh>
+double sum_over_groups(Mesh& mesh, const std::map<mesh_axis_set, double>& squares) {
+  double total = 0.0;
+  for (const auto& [axes, sum] : squares) {
+    if (axes.empty()) {
+      total += sum;
+      continue;
+    }
+    quintet::tensor<double, host> value(shape{1});
+    value(0) = sum;
+    all_reduce_from_host(mesh.group(axes), value, reduce_op::sum);
+    total += value(0);
+  }
+  return total;
+}
+
 template <class Plan, class T, class Device, mesh_like Mesh>
 double global_gradient_norm(const execution<Device>& exec,
                             const nn::parameter_registry<T, Device>& registry, Mesh& mesh,
@@ -47,9 +66,10 @@ double global_gradient_norm(const execution<Device>& exec,
   QUINTET_CHECK(!pipelined || !stages_here.empty(),
                 "global_gradient_norm: the plan {} is pipelined; give the stages this rank holds",
                 Plan::name());
-  // Sums in registration order per set of sharded axes; sets in order of their bits, the
-  // replicated set (no bits) first.
-  std::map<std::uint8_t, double> squares;
+  // Sums in registration order per set of sharded axes (with pp when pipelined: the stages' sums
+  // add up over it); sets in order of their bits, the replicated set first.
+  const mesh_axis_set over_stages = pipelined ? mesh_axis_set{mesh_axis::pp} : mesh_axis_set{};
+  std::map<mesh_axis_set, double> squares;
   for (const auto& p : registry) {
     const std::vector<int> held = p.placement.stages();
     if constexpr (pipelined) {
@@ -73,28 +93,15 @@ double global_gradient_norm(const execution<Device>& exec,
                   "global_gradient_norm: parameter '{}' is sharded over {}, but the plan {} runs "
                   "on {} only",
                   p.name, name_of(sharded), Plan::name(), name_of(Plan::axes));
-    squares[sharded.bits()] += kernels::squared_norm(exec, p.grad);
+    squares[sharded | over_stages] += kernels::squared_norm(exec, p.grad);
   }
   if constexpr (pipelined) {
     // Every pp rank reduces the same sets, in the same order, whichever parameters it holds.
-    squares.try_emplace(mesh_axis_set{}.bits(), 0.0);
-    for (const auto& p : registry) squares.try_emplace(p.placement.sharded_axes().bits(), 0.0);
+    squares.try_emplace(over_stages, 0.0);
+    for (const auto& p : registry)
+      squares.try_emplace(p.placement.sharded_axes() | over_stages, 0.0);
   }
-  double total = 0.0;
-  for (auto& [bits, sum] : squares) {
-    mesh_axis_set axes;
-    for (const mesh_axis axis : all_mesh_axes)
-      if (mesh_axis_set{axis}.bits() & bits) axes = axes.with(axis);
-    if constexpr (pipelined) axes = axes.with(mesh_axis::pp);
-    if (!axes.empty()) {
-      quintet::tensor<double, host> value(shape{1});
-      value(0) = sum;
-      all_reduce_from_host(mesh.group(axes), value, reduce_op::sum);
-      sum = value(0);
-    }
-    total += sum;
-  }
-  return std::sqrt(total);
+  return std::sqrt(sum_over_groups(mesh, squares));
 }
 
 template <class Plan, class T, class Device, mesh_like Mesh>

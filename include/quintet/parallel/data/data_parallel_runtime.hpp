@@ -229,7 +229,7 @@ class data_parallel_runtime {
                     p.name, name_of(p.placement.sharded_axes()), Plan::name(), name_of(Plan::axes));
     // Each rank's shard: a parameter's owned range is unique over its bucket's group, and its
     // blocks over its sharded axes; summed over the union of the two.
-    std::map<std::uint8_t, double> squares;
+    std::map<mesh_axis_set, double> squares;
     auto& buckets = registry_.buckets();
     for (std::size_t b = 0; b < buckets.size(); ++b) {
       const auto& bucket = buckets[b];
@@ -239,21 +239,14 @@ class data_parallel_runtime {
         const auto* p = bucket.parameters[i];
         const mesh_axis_set axes = p->placement.sharded_axes() | bucket.partial_axes;
         const flat_range owned = owned_range(bucket.offsets[i], p->value.numel(), mine);
-        double& sum = squares[axes.bits()];
+        double& sum = squares[axes];
         if (owned.size() == 0) continue;
         const std::int64_t in_shard = bucket.offsets[i] + owned.begin - mine.begin;
         sum += kernels::squared_norm(exec,
                                      slice(reduced_shard(b), 0, in_shard, in_shard + owned.size()));
       }
     }
-    double total = 0.0;
-    for (auto& [bits, sum] : squares) {
-      quintet::tensor<double, host> value(shape{1});
-      value(0) = sum;
-      all_reduce_from_host(mesh_.group(axes_of(bits)), value, reduce_op::sum);
-      total += value(0);
-    }
-    return std::sqrt(total);
+    return std::sqrt(sum_over_groups(mesh_, squares));
   }
 
   // Under ZeRO, after the optimizer updated each rank's shard: every rank's parameters whole
@@ -324,13 +317,6 @@ class data_parallel_runtime {
   // Elements a tensor holds (none when it has no storage: a released or unused buffer).
   static std::int64_t held(const quintet::tensor<T, Device>& t) {
     return t.data() == nullptr ? 0 : t.numel();
-  }
-
-  static mesh_axis_set axes_of(std::uint8_t bits) {
-    mesh_axis_set axes;
-    for (const mesh_axis axis : all_mesh_axes)
-      if (mesh_axis_set{axis}.bits() & bits) axes = axes.with(axis);
-    return axes;
   }
 
   // `announced`: launched by the last announcement of its parameters (not by finish_reduction).
