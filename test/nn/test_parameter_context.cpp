@@ -7,8 +7,10 @@
 #include <quintet/mesh/device_mesh.hpp>
 #include <quintet/nn/context.hpp>
 #include <quintet/nn/parameter.hpp>
+#include <quintet/optim/gradient_norm.hpp>
 #include <quintet/parallel/placement.hpp>
 #include <quintet/parallel/plan.hpp>
+#include <quintet/parallel/synchronize_gradients.hpp>
 #include <quintet/tensor/copy.hpp>
 #include <quintet/tensor/slice.hpp>
 
@@ -529,5 +531,23 @@ TEST_CASE("parameter_registry: buckets of a size limit, padded to split over the
     other.add("w", shape{4}, initializer::constant(1.0));
     REQUIRE_THROWS_WITH(other.flatten(bucket_layout{.max_elements = -1}),
                         Catch::Contains("buckets of at most -1 elements"));
+  }
+  SECTION("flattening again keeps the layout; another layout is refused") {
+    registry.flatten();
+    registry.flatten(bucket_layout{.max_elements = 96, .shardable = true});
+    CHECK(buckets.size() == 2);
+    REQUIRE_THROWS_WITH(registry.flatten(bucket_layout{}),
+                        Catch::Contains("already flattened into buckets of at most 96 elements "
+                                        "(shardable); asked for 0"));
+  }
+  SECTION("released gradients are refused by the norm and the synchronisation") {
+    registry.release_gradients();
+    REQUIRE_THROWS_WITH(quintet::optim::global_gradient_norm(quintet::execution<host>(1), registry),
+                        Catch::Contains("the gradient buffers were released"));
+    quintet::thread_world{1}.run([&](quintet::thread_comm& comm) {
+      quintet::device_mesh<quintet::thread_comm> mesh(comm, {});
+      REQUIRE_THROWS_WITH(quintet::parallel::synchronize_gradients(registry, mesh),
+                          Catch::Contains("the gradient buffers were released"));
+    });
   }
 }
