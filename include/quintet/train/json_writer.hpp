@@ -6,6 +6,7 @@
 #pragma once
 
 #include <quintet/core/error.hpp>
+#include <quintet/core/utf8.hpp>
 
 #include <fmt/format.h>
 
@@ -116,39 +117,12 @@ class json_writer {
       separate();
     }
   }
-  // The length of the valid UTF-8 sequence starting at s[i] (1 to 4 bytes), or 0 when none does
-  // (a stray continuation byte, an overlong form, a surrogate, beyond U+10FFFF, or cut short).
-  static std::size_t utf8_sequence(std::string_view s, std::size_t i) {
-    const auto byte = [&](std::size_t j) { return static_cast<unsigned char>(s[j]); };
-    const unsigned char lead = byte(i);
-    std::size_t length = 0;
-    unsigned char low = 0x80, high = 0xbf;  // the range of the second byte
-    if (lead >= 0xc2 && lead <= 0xdf) {
-      length = 2;
-    } else if (lead >= 0xe0 && lead <= 0xef) {
-      length = 3;
-      if (lead == 0xe0) low = 0xa0;   // no overlong forms
-      if (lead == 0xed) high = 0x9f;  // no surrogates
-    } else if (lead >= 0xf0 && lead <= 0xf4) {
-      length = 4;
-      if (lead == 0xf0) low = 0x90;
-      if (lead == 0xf4) high = 0x8f;  // nothing beyond U+10FFFF
-    } else {
-      return 0;
-    }
-    if (i + length > s.size()) return 0;
-    if (byte(i + 1) < low || byte(i + 1) > high) return 0;
-    for (std::size_t j = 2; j < length; ++j)
-      if (byte(i + j) < 0x80 || byte(i + j) > 0xbf) return 0;
-    return length;
-  }
-
   void write_string(std::string_view s) {
     text_ += '"';
     for (std::size_t i = 0; i < s.size(); ++i) {
       const char ch = s[i];
       if (static_cast<unsigned char>(ch) >= 0x80) {
-        const std::size_t length = utf8_sequence(s, i);
+        const std::size_t length = utf8_sequence_length(s, i);
         if (length == 0) {
           text_ += fmt::format("\\u{:04x}", static_cast<unsigned>(static_cast<unsigned char>(ch)));
         } else {
