@@ -17,10 +17,8 @@ using bad = quintet::plan<parallel::tp<parallel::ulysses>>;
 using bad = quintet::plan<parallel::sp<parallel::megatron_sp>>;
 #elif defined(PLAN_CASE_ZERO_STAGE)
 using bad = parallel::dp<parallel::zero<4>>;
-#elif defined(PLAN_CASE_DATA_NOT_IMPLEMENTED)
-// Data parallelism is named but not built: the plan refuses it rather than train serially.
-using bad = quintet::plan<parallel::dp<parallel::zero<3>>>;
-#elif defined(PLAN_CASE_EXPERT_NOT_IMPLEMENTED)
+#elif defined(PLAN_CASE_EXPERT_WITHOUT_DP)
+// The ep group subdivides dp: expert parallelism alone has no ranks to split experts over.
 using bad = quintet::plan<parallel::ep<parallel::top_k<2>>>;
 #elif defined(PLAN_CASE_USER_SCHEDULE_NOT_RUN)
 // A user's schedule generates lists, but its traits do not say it runs (the default): refused.

@@ -9,6 +9,8 @@
 //                                                       tp rank 1 owns rows [4, 8)
 //   token table (10, d) stored as (12, d) over tp=4:    logical shape (10, d); rank 3 holds ids
 //                                                       [9, 12), of which 10 and 11 are padding
+//   experts.5.fc.weight, 8 experts over ep=4:           owned by ep rank 2: held whole there,
+//                                                       absent on ep ranks 0, 1, 3
 #pragma once
 
 #include <quintet/core/error.hpp>
@@ -59,14 +61,50 @@ class placement {
   placement sharded(mesh_axis axis, int dim) const {
     QUINTET_CHECK(dim >= 0 && dim < shape::max_rank, "placement: dimension {} cannot be sharded",
                   dim);
+    QUINTET_CHECK(!is_owned(axis),
+                  "placement: a tensor owned by {} rank {} cannot also be sharded over {}",
+                  name_of(axis), owner(axis), name_of(axis));
     placement out = *this;
     out.dims_[index(axis)] = dim;
     return out;
   }
 
-  constexpr bool is_sharded(mesh_axis axis) const { return dims_[index(axis)] != replicated_dim; }
+  // This placement, held whole by the ranks whose coordinate on `axis` is `coordinate` and by no
+  // other rank of an `axis` group: one expert of a layer whose experts are split over ep. Owning
+  // counts as sharding over `axis` (the ranks of a group hold different tensors, so no gradient is
+  // summed over it and a norm sums squares over it), without cutting a dimension: the owner's
+  // local region is the whole tensor, and local_region() refuses any other coordinate.
+  placement owned_by(mesh_axis axis, int coordinate) const {
+    QUINTET_CHECK(coordinate >= 0, "placement: owner {} on {} is negative", coordinate,
+                  name_of(axis));
+    QUINTET_CHECK(dims_[index(axis)] == replicated_dim,
+                  "placement: a tensor sharded along dimension {} over {} cannot also be owned by "
+                  "one {} rank",
+                  dims_[index(axis)], name_of(axis), name_of(axis));
+    placement out = *this;
+    out.owners_[index(axis)] = coordinate;
+    return out;
+  }
+  // The coordinate on `axis` of the ranks that hold the tensor, or no_owner (every coordinate does:
+  // replicated or sharded along a dimension).
+  static constexpr int no_owner = -1;
+  constexpr int owner(mesh_axis axis) const { return owners_[index(axis)]; }
+  constexpr bool is_owned(mesh_axis axis) const { return owners_[index(axis)] != no_owner; }
+  // Whether a rank at `position` holds (part of) the tensor: its coordinate is the owner's on every
+  // axis with an owner. (Pipeline stages are held_by_stage's business.)
+  bool held_at(const mesh_position& position) const {
+    for (const mesh_axis axis : all_mesh_axes)
+      if (is_owned(axis) && position[index(axis)].coordinate != owner(axis)) return false;
+    return true;
+  }
+
+  // Sharded along a dimension over `axis`, or owned by one of its ranks.
+  constexpr bool is_sharded(mesh_axis axis) const {
+    return dims_[index(axis)] != replicated_dim || is_owned(axis);
+  }
   constexpr bool is_replicated() const { return sharded_axes().empty(); }
-  // The tensor dimension sharded over `axis`, or replicated_dim.
+  // The tensor dimension sharded over `axis`, or replicated_dim (also when owned: no dimension is
+  // cut).
   constexpr int sharded_dim(mesh_axis axis) const { return dims_[index(axis)]; }
   constexpr mesh_axis_set sharded_axes() const {
     mesh_axis_set axes;
@@ -135,10 +173,20 @@ class placement {
   // The block of a tensor of shape `global` this rank holds. Axes are applied in the order of
   // all_mesh_axes (tp, sp, dp, pp, ep, edp); two axes sharding one dimension split it
   // hierarchically (dp inside the tp piece, as ZeRO-3 over a tensor-parallel shard does). Degrees
-  // must divide the sharded extents.
+  // must divide the sharded extents. A tensor owned on an axis is whole on its owner; asking for
+  // the region of another rank of that axis is an error (it holds none: see held_at).
   region local_region(const shape& global, const mesh_position& position) const {
     region where(global);
     for (const mesh_axis axis : all_mesh_axes) {
+      if (is_owned(axis)) {
+        const axis_position& p = position[index(axis)];
+        QUINTET_CHECK(owner(axis) < p.degree,
+                      "placement: owner {} on {} is outside the axis' {} ranks", owner(axis),
+                      name_of(axis), p.degree);
+        QUINTET_CHECK(p.coordinate == owner(axis),
+                      "placement: the tensor is held by {} rank {} only, not by {} rank {}",
+                      name_of(axis), owner(axis), name_of(axis), p.coordinate);
+      }
       const int dim = dims_[index(axis)];
       if (dim == replicated_dim) continue;
       const axis_position& p = position[index(axis)];
@@ -163,6 +211,11 @@ class placement {
     std::array<int, all_mesh_axes.size()> dims{};
     dims.fill(replicated_dim);
     return dims;
+  }();
+  std::array<int, all_mesh_axes.size()> owners_ = [] {
+    std::array<int, all_mesh_axes.size()> owners{};
+    owners.fill(no_owner);
+    return owners;
   }();
   mesh_axis_set partial_;
   std::uint64_t stages_ = 1;  // bit s: stage s holds it

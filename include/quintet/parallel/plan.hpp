@@ -7,7 +7,8 @@
 //   my_plan::style<strategy::data>               -> parallel::none
 //   my_plan::axes                                -> {tp, sp}: the mesh axes it runs on
 //   my_plan::batch_replicated_axes               -> {tp, sp}: ranks there share the micro-batch
-//   my_plan::partial_gradient_axes(placement)    -> {sp}: summed once per step
+//   my_plan::partial_gradient_axes(placement)    -> {sp}: summed once per step (with ep<...>:
+//                                                   an expert's over edp, the rest over dp)
 //   my_plan::check(degrees, model)               -> throws, naming what does not fit
 //   parallel::sequence_of<my_plan>               -> what layers do with the sequence (ring's)
 #pragma once
@@ -46,9 +47,6 @@ struct checked_policy {
 // A style whose strategy is not built yet must not train serially in disguise.
 template <class Policy>
 struct implemented_policy {
-  static_assert(Policy::traits::implemented || Policy::kind != strategy::data,
-                "quintet::plan: parallel::dp<zero<3>> (ZeRO-3: parameters sharded between uses) "
-                "is not implemented yet; zero<0>, zero<1> and zero<2> are");
   static_assert(Policy::traits::implemented || Policy::kind != strategy::expert,
                 "quintet::plan: parallel::ep<...> (expert parallelism) is not implemented yet");
   static_assert(Policy::traits::implemented || Policy::kind != strategy::pipeline,
@@ -59,6 +57,22 @@ struct implemented_policy {
                 "quintet::plan: this policy's style is not implemented yet");
   static constexpr bool ok = true;
 };
+
+// dp is the product of the expert axes ep x edp (mesh_layout). A gradient partial over dp is
+// partial over both; a parameter owned by one ep rank (an expert) is not summed over ep but over
+// its replicas, edp. The folded set is written over ep and edp, the parameter's sharded axes are
+// taken out, and what remains is written as dp again when it is both (one group, dp's).
+//   router (replicated), dp<..> + ep<..>:  {dp} | {ep} -> {dp}
+//   an expert (owned on ep):               {dp} | {edp} -> {edp}
+constexpr mesh_axis_set within_data_axes(mesh_axis_set axes, const placement& where) {
+  const mesh_axis_set expert{mesh_axis::ep, mesh_axis::edp};
+  mesh_axis_set data = axes & expert;
+  if (axes.contains(mesh_axis::dp)) data = expert;
+  if (data.empty()) return axes;
+  data = data - where.sharded_axes();
+  const mesh_axis_set rest = axes.without(mesh_axis::dp) - expert;
+  return data == expert ? rest.with(mesh_axis::dp) : (rest | data);
+}
 
 template <strategy S, class... Policies>
 inline constexpr int count_of = (0 + ... + (Policies::kind == S ? 1 : 0));
@@ -111,9 +125,11 @@ struct plan {
       (mesh_axis_set{} | ... | Policies::traits::batch_split_axes);
   static constexpr mesh_axis_set batch_replicated_axes = axes - batch_split_axes;
 
-  // The axes a parameter of placement `where` has a partial gradient over after backward.
+  // The axes a parameter of placement `where` has a partial gradient over after backward (dp and
+  // the expert axes that subdivide it reconciled: see detail::within_data_axes).
   static constexpr mesh_axis_set partial_gradient_axes(const parallel::placement& where) {
-    return (mesh_axis_set{} | ... | Policies::traits::partial_gradient_axes(where));
+    return parallel::detail::within_data_axes(
+        (mesh_axis_set{} | ... | Policies::traits::partial_gradient_axes(where)), where);
   }
 
   // The one check of a mesh (and of the model's dimensions) against the plan: each style's own,
@@ -154,6 +170,10 @@ namespace parallel {
 // What layers ask of a plan.
 template <class Plan>
 inline constexpr bool uses_tensor_parallel = Plan::template has<strategy::tensor>;
+// Mixture-of-experts layers split their experts over ep (nn::moe); a model without such layers
+// is refused by the style's check (model_dimensions::experts = 0).
+template <class Plan>
+inline constexpr bool uses_expert_parallel = Plan::template has<strategy::expert>;
 
 // The plan's sequence behaviour: its sequence style's traits, or the whole sequence everywhere.
 template <class Plan>

@@ -7,7 +7,8 @@
 //   sp<megatron_sp>    sequence parallelism on the tp group parallel/sequence/megatron_sp.hpp
 //   sp<ulysses>        all-to-all over heads on the sp axis        parallel/sequence/ulysses.hpp
 //   sp<ring>           ring attention on the sp axis               parallel/sequence/ring.hpp
-//   ep<top_k<K>>       expert parallelism                          (not implemented yet)
+//   ep<top_k<K>>       expert parallelism (needs dp<...>): MoE     parallel/expert/top_k.hpp
+//                      layers' experts split over ep (nn::moe)
 //   pp<Schedule>       any pipeline_schedule: gpipe, one_f_one_b,  parallel/pipeline/ (generated,
 //                      interleaved<V>, zb_h1, zb_h2, zb_v,         verified, simulated; not run
 //                      bpipe<Base>, or the user's own              yet)

@@ -58,6 +58,10 @@ struct model_dimensions {
   std::int64_t hidden = 0;  // of the feed-forward block
   std::int64_t vocab = 0;
   std::int64_t layers = 0;
+  // Mixture of experts: experts per MoE layer and the experts each token goes to (0: the model has
+  // no MoE layer, which a plan with ep<...> refuses rather than train dense layers only).
+  std::int64_t experts = 0;
+  std::int64_t top_k = 0;
 };
 
 // Specialised beside each style; a type without traits is not a style.

@@ -1,0 +1,362 @@
+// moe: a mixture-of-experts feed-forward. A router sends each token to its top k experts (at most
+// `capacity` tokens each); every expert is an MLP, proj(gelu(fc(x))) with biases, as nn::mlp; the
+// output is the gate-weighted sum of a token's kept experts' outputs (zero for a token dropped by
+// all of them, which then keeps only the block's residual path).
+//
+//   x (tokens, d) -> router -> permute (rows grouped by expert, token order within an expert)
+//     [ep: exchange counts, all_to_all_v the rows to the experts' owners]
+//     -> fc: one grouped product over the groups -> GELU -> proj: grouped product
+//     [ep: all_to_all_v the rows back]
+//     -> unpermute, weight by gates, sum per token in slot order -> y (tokens, d)
+//
+// Parameters: <name>.router.weight (E, d); <name>.experts.<e>.fc.weight (hidden, d), .fc.bias,
+// .proj.weight (d, hidden), .proj.bias. The router's auxiliary losses (load balancing and z) are
+// in statistics() after forward and their gradients enter backward.
+//
+// Under parallel::ep<top_k<K>> (docs/expert_parallel.md) each ep rank routes its own tokens (ep
+// subdivides dp) with its own capacity and auxiliary losses (Switch's per-device statistics), and
+// holds experts [rank E / ep, (rank + 1) E / ep) only: their parameters keep their global names and
+// are placed owned_by(ep, rank); the router is replicated. The groups of the grouped products are
+// then (source rank, local expert), source-major: forward, backward and the experts' gradients
+// equal bit for bit those of the serial layer run over each ep rank's tokens in turn. forward and
+// backward_input are collective over the ep group; backward_weight communicates nothing.
+#pragma once
+
+#include <quintet/core/error.hpp>
+#include <quintet/kernels/elementwise.hpp>
+#include <quintet/kernels/execution.hpp>
+#include <quintet/kernels/moe.hpp>
+#include <quintet/nn/context.hpp>
+#include <quintet/nn/parameter.hpp>
+#include <quintet/nn/router.hpp>
+#include <quintet/parallel/expert/expert_exchange.hpp>
+#include <quintet/parallel/mesh_for.hpp>
+#include <quintet/parallel/no_mesh.hpp>
+#include <quintet/parallel/placement.hpp>
+#include <quintet/parallel/plan.hpp>
+#include <quintet/parallel/strategy.hpp>
+#include <quintet/tensor/reshape.hpp>
+#include <quintet/tensor/tensor.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace quintet::nn {
+
+struct moe_options {
+  std::int64_t experts = 4;
+  std::int64_t top_k = 2;
+  // Capacity per expert = ceil(capacity_factor x tokens x k / experts); 0 means dropless.
+  double capacity_factor = 1.25;
+  drop_order drop = drop_order::lowest_probability;
+  double load_balancing_coef = 0.01;
+  double z_loss_coef = 0.001;
+  double init_stddev = 0.02;       // router and fc weights
+  double proj_init_stddev = 0.02;  // proj weights (a GPT scales them by 1/sqrt(2 layers))
+};
+
+template <class T, class Device, class Plan = serial_plan, class Mesh = parallel::no_mesh>
+class moe {
+  static_assert(parallel::mesh_for<Mesh, Plan>,
+                "nn::moe<T, Device, Plan, Mesh>: a parallel plan needs a device mesh type "
+                "(Mesh = device_mesh<Comm>), not parallel::no_mesh");
+  static_assert(!parallel::uses_tensor_parallel<Plan>,
+                "nn::moe: experts split column/row over tensor parallelism are not built yet "
+                "(issue 13); use expert parallelism, parallel::ep<top_k<K>>, without tp<...>");
+  static constexpr bool expert_parallel = parallel::uses_expert_parallel<Plan>;
+  static_assert(!expert_parallel || !Plan::template has<parallel::strategy::sequence>,
+                "nn::moe: expert parallelism with sequence parallelism is not proven yet");
+  using exchange_type = typename parallel::expert_exchange_for<Plan, Mesh>::type;
+
+ public:
+  moe(parameter_registry<T, Device>& registry, const execution<Device>& exec, std::string name,
+      std::int64_t d_model, std::int64_t hidden, const moe_options& options = {},
+      Mesh* mesh = nullptr)
+      : exec_(exec),
+        name_(std::move(name)),
+        d_model_(d_model),
+        hidden_(hidden),
+        experts_(options.experts),
+        exchange_(make_exchange(name_, mesh, d_model, hidden, options)),
+        router_(registry, exec, name_ + ".router", d_model,
+                {.experts = options.experts,
+                 .top_k = options.top_k,
+                 .capacity_factor = options.capacity_factor,
+                 .drop = options.drop,
+                 .load_balancing_coef = options.load_balancing_coef,
+                 .z_loss_coef = options.z_loss_coef,
+                 .init_stddev = options.init_stddev}) {
+    QUINTET_CHECK(d_model > 0 && hidden > 0, "moe '{}': d_model {} and hidden {} must be positive",
+                  name_, d_model, hidden);
+    const parallel::expert_ownership own = ownership();
+    // This rank's experts, under their global names; under ep owned by this ep rank.
+    const parallel::placement where =
+        expert_parallel ? parallel::placement::replicated().owned_by(mesh_axis::ep, own.rank)
+                        : parallel::placement::replicated();
+    for (std::int64_t e = own.first_expert(); e < own.first_expert() + own.local_experts(); ++e) {
+      const std::string expert = name_ + ".experts." + std::to_string(e);
+      fc_weight_.push_back(
+          &add_weight(registry, expert + ".fc", hidden, d_model, options.init_stddev, where));
+      fc_bias_.push_back(&add_bias(registry, expert + ".fc", hidden, where));
+      proj_weight_.push_back(&add_weight(registry, expert + ".proj", d_model, hidden,
+                                         options.proj_init_stddev, where));
+      proj_bias_.push_back(&add_bias(registry, expert + ".proj", d_model, where));
+    }
+  }
+  moe(parameter_registry<T, Device>&, const execution<Device>&&, std::string, std::int64_t,
+      std::int64_t, const moe_options& = {}, Mesh* = nullptr) = delete;
+
+  // x (..., d) -> y (..., d). Under ep: this rank's tokens; collective over the ep group.
+  quintet::tensor<T, Device> forward(context<Device>& ctx, tensor_view<const T, Device> x) {
+    QUINTET_CHECK(x.rank() >= 1 && x.shape()[x.rank() - 1] == d_model_,
+                  "moe '{}': input has shape {}, its last dimension must be {}", name_, x.shape(),
+                  d_model_);
+    const std::int64_t tokens = x.numel() / d_model_;
+    const auto rows = reshape(x, shape{tokens, d_model_});
+    last_ = router_.forward(ctx, rows);
+    const auto& position = ctx.template get<std::int32_t>(router_.name() + ".position");
+    if constexpr (expert_parallel) {
+      const std::vector<std::int64_t> received =
+          exchange_.exchange_counts(kept_counts(ctx), last_.capacity);
+      const std::int64_t ranks = exchange_.ownership().ranks;
+      auto& saved = ctx.template save<std::int64_t>(name_ + ".received",
+                                                    shape{ranks, std::ssize(received) / ranks});
+      std::copy(received.begin(), received.end(), saved.data());
+    }
+    const std::vector<std::int64_t> offsets = group_offsets(ctx);
+    const std::int64_t here = offsets.back();  // rows this rank's experts compute
+
+    // The experts' input: this rank's permuted rows, or under ep those its experts receive.
+    auto& dispatched = ctx.template save<T>(name_ + ".dispatched", shape{here, d_model_});
+    if constexpr (expert_parallel) {
+      quintet::tensor<T, Device> permuted(shape{sent_rows(ctx), d_model_});  // by expert
+      kernels::permute_rows(exec_, rows, position, permuted);
+      exchange_.dispatch(counts(ctx), permuted.view(), dispatched.view());
+    } else {
+      kernels::permute_rows(exec_, rows, position, dispatched);
+    }
+    auto& h = ctx.template save<T>(name_ + ".fc_output", shape{here, hidden_});  // before GELU
+    kernels::grouped_matmul(exec_, dispatched, offsets, values(fc_weight_, offsets), h,
+                            {.transpose_b = true});
+    kernels::grouped_bias_add(exec_, h, offsets, values(fc_bias_, offsets));
+    auto& a = ctx.template save<T>(name_ + ".gelu_output", shape{here, hidden_});
+    kernels::gelu_forward(exec_, h, a);
+    // The experts' output, in this rank's permuted order (under ep: combined back).
+    const auto experts_output = [&](auto&& out) {
+      kernels::grouped_matmul(exec_, a, offsets, values(proj_weight_, offsets), out,
+                              {.transpose_b = true});
+      kernels::grouped_bias_add(exec_, out, offsets, values(proj_bias_, offsets));
+    };
+    auto& out = ctx.template save<T>(name_ + ".expert_output", shape{sent_rows(ctx), d_model_});
+    if constexpr (expert_parallel) {
+      quintet::tensor<T, Device> computed(shape{here, d_model_});
+      experts_output(computed);
+      exchange_.combine(counts(ctx), computed.view(), out.view());
+    } else {
+      experts_output(out);
+    }
+
+    quintet::tensor<T, Device> y(x.shape());  // (..., d)
+    kernels::unpermute_rows(exec_, out, position, ctx.template get<T>(router_.name() + ".gate"),
+                            reshape(y, shape{tokens, d_model_}));
+    return y;
+  }
+
+  // dy (..., d) -> dx (..., d); accumulates every parameter's gradient. The objective is
+  // sum(dy * y) + aux_loss_scale x (load-balancing loss + z-loss), coefficients included.
+  quintet::tensor<T, Device> backward(context<Device>& ctx, tensor_view<const T, Device> dy,
+                                      double aux_loss_scale = 1.0) {
+    quintet::tensor<T, Device> dx = backward_input(ctx, dy, aux_loss_scale);
+    backward_weight(ctx);
+    return dx;
+  }
+
+  // The input pass: dx, keeping the gradients of the experts' outputs and of the fc outputs (and
+  // the router's dlogits) for backward_weight. Under ep: collective over the ep group (the output
+  // gradients go to the experts' owners and the input gradients come back).
+  quintet::tensor<T, Device> backward_input(context<Device>& ctx, tensor_view<const T, Device> dy,
+                                            double aux_loss_scale = 1.0) {
+    const auto& position = ctx.template get<std::int32_t>(router_.name() + ".position");
+    const std::int64_t tokens = position.shape()[0];
+    QUINTET_CHECK(
+        dy.rank() >= 1 && dy.shape()[dy.rank() - 1] == d_model_ && dy.numel() == tokens * d_model_,
+        "moe '{}': output gradient {} does not match the forward's {} tokens of {}", name_,
+        dy.shape(), tokens, d_model_);
+    const auto dy_rows = reshape(dy, shape{tokens, d_model_});
+    const std::vector<std::int64_t> offsets = group_offsets(ctx);
+    const std::int64_t here = offsets.back(), sent = sent_rows(ctx);
+
+    auto& dout = ctx.template save<T>(name_ + ".expert_output_grad", shape{here, d_model_});
+    quintet::tensor<T, Device> dgate(position.shape());  // (tokens, k)
+    const auto gate = [&](auto&& drows) {
+      kernels::unpermute_rows_backward(exec_, dy_rows,
+                                       ctx.template get<T>(name_ + ".expert_output"), position,
+                                       ctx.template get<T>(router_.name() + ".gate"), drows, dgate);
+    };
+    if constexpr (expert_parallel) {
+      quintet::tensor<T, Device> dout_sent(shape{sent, d_model_});  // by expert, this rank's
+      gate(dout_sent);
+      exchange_.dispatch(counts(ctx), dout_sent.view(), dout.view());
+    } else {
+      gate(dout);
+    }
+    quintet::tensor<T, Device> da(shape{here, hidden_});
+    kernels::grouped_matmul(exec_, dout, offsets, values(proj_weight_, offsets), da);
+    auto& dh = ctx.template save<T>(name_ + ".fc_output_grad", shape{here, hidden_});
+    kernels::gelu_backward(exec_, ctx.template get<T>(name_ + ".fc_output"), da, dh);
+    quintet::tensor<T, Device> ddispatched(shape{here, d_model_});
+    kernels::grouped_matmul(exec_, dh, offsets, values(fc_weight_, offsets), ddispatched);
+    if constexpr (expert_parallel) {
+      quintet::tensor<T, Device> back(shape{sent, d_model_});  // this rank's rows, by expert
+      exchange_.combine(counts(ctx), ddispatched.view(), back.view());
+      ddispatched = std::move(back);
+    }
+
+    quintet::tensor<T, Device> dx(dy.shape());  // (..., d)
+    const auto dx_rows = reshape(dx, shape{tokens, d_model_});
+    kernels::unpermute_rows(exec_, ddispatched, position, dx_rows);  // the experts' part
+    const quintet::tensor<T, Device> dx_router =
+        router_.backward_input(ctx, dgate.view(), aux_loss_scale);  // (tokens, d)
+    kernels::add(exec_, dx_rows, dx_router, dx_rows);
+    return dx;
+  }
+
+  // The weight pass: the router's and this rank's experts' gradients from what backward_input kept
+  // (which it drops). Under ep an expert's gradient sums its groups in source order: every ep
+  // rank's tokens, as the serial layer run over each rank's tokens in turn would.
+  void backward_weight(context<Device>& ctx) {
+    router_.backward_weight(ctx);
+    const std::vector<std::int64_t> offsets = group_offsets(ctx);
+    const auto& dout = ctx.template get<T>(name_ + ".expert_output_grad");
+    const auto& dh = ctx.template get<T>(name_ + ".fc_output_grad");
+    kernels::grouped_weight_gradient(exec_, dout, ctx.template get<T>(name_ + ".gelu_output"),
+                                     offsets, grads(proj_weight_, offsets));
+    kernels::grouped_bias_grad(exec_, dout, offsets, grads(proj_bias_, offsets));
+    kernels::grouped_weight_gradient(exec_, dh, ctx.template get<T>(name_ + ".dispatched"), offsets,
+                                     grads(fc_weight_, offsets));
+    kernels::grouped_bias_grad(exec_, dh, offsets, grads(fc_bias_, offsets));
+    ctx.erase(name_ + ".expert_output_grad");
+    ctx.erase(name_ + ".fc_output_grad");
+  }
+
+  // The last forward's routing: tokens per expert (before and after capacity), the dropped
+  // fraction, and the auxiliary losses with their coefficients.
+  const routing_statistics& statistics() const { return last_; }
+  double aux_loss() const { return last_.aux_loss(); }
+
+  // Experts of the layer (all ranks together), and this rank's: [first_expert, + local_experts).
+  std::int64_t experts() const { return experts_; }
+  std::int64_t local_experts() const { return static_cast<std::int64_t>(fc_weight_.size()); }
+  std::int64_t first_expert() const { return ownership().first_expert(); }
+  // Which ep rank holds which experts (the serial layer: one rank holding all).
+  parallel::expert_ownership ownership() const {
+    if constexpr (expert_parallel) {
+      return exchange_.ownership();
+    } else {
+      return parallel::expert_ownership::of(experts_, 1, 0);
+    }
+  }
+  std::int64_t capacity(std::int64_t tokens) const { return router_.capacity(tokens); }
+  router<T, Device>& router_layer() { return router_; }
+  const std::string& name() const { return name_; }
+
+ private:
+  static parameter<T, Device>& add_weight(parameter_registry<T, Device>& registry,
+                                          const std::string& name, std::int64_t out,
+                                          std::int64_t in, double stddev,
+                                          const parallel::placement& where) {
+    return registry.add(name + ".weight", shape{out, in}, initializer::normal(stddev), where);
+  }
+  static parameter<T, Device>& add_bias(parameter_registry<T, Device>& registry,
+                                        const std::string& name, std::int64_t out,
+                                        const parallel::placement& where) {
+    return registry.add(name + ".bias", shape{out}, initializer::constant(0.0), where,
+                        weight_decay::exempt);
+  }
+
+  // Under ep: the style's checks of the layer (experts divide over ep, K is the layer's k), then
+  // the exchange over the mesh's ep group.
+  static exchange_type make_exchange(const std::string& name, Mesh* mesh, std::int64_t d_model,
+                                     std::int64_t hidden, const moe_options& options) {
+    if constexpr (expert_parallel) {
+      QUINTET_CHECK(mesh != nullptr, "moe '{}': a plan with ep<...> needs the device mesh", name);
+      using style = typename Plan::template style<parallel::strategy::expert>;
+      parallel::strategy_traits<style>::check(mesh->degrees(), {.d_model = d_model,
+                                                                .hidden = hidden,
+                                                                .experts = options.experts,
+                                                                .top_k = options.top_k});
+      return exchange_type(mesh->ep(), options.experts);
+    } else {
+      (void)name, (void)mesh, (void)d_model, (void)hidden, (void)options;
+      return exchange_type{};
+    }
+  }
+
+  // The router's kept rows per expert (E), what this rank sends.
+  static std::span<const std::int64_t> kept_of(const context<Device>& ctx,
+                                               const std::string& name) {
+    const auto& kept = ctx.template get<std::int64_t>(name + ".kept");
+    return {kept.data(), static_cast<std::size_t>(kept.numel())};
+  }
+  std::span<const std::int64_t> kept_counts(const context<Device>& ctx) const {
+    return kept_of(ctx, router_.name());
+  }
+  std::int64_t sent_rows(const context<Device>& ctx) const {
+    const auto kept = kept_counts(ctx);
+    return std::reduce(kept.begin(), kept.end(), std::int64_t{0});
+  }
+  // The rows per group of the grouped products: per expert (serial), or per (source rank, local
+  // expert), source-major (ep).
+  std::span<const std::int64_t> group_counts(const context<Device>& ctx) const {
+    if constexpr (expert_parallel) {
+      const auto& received = ctx.template get<std::int64_t>(name_ + ".received");
+      return {received.data(), static_cast<std::size_t>(received.numel())};
+    } else {
+      return kept_counts(ctx);
+    }
+  }
+  parallel::dispatch_counts counts(const context<Device>& ctx) const requires expert_parallel {
+    return exchange_.counts(kept_counts(ctx), group_counts(ctx));
+  }
+
+  // Where each group's rows start in the experts' buffer: {0, rows_0, rows_0 + rows_1, ...}.
+  std::vector<std::int64_t> group_offsets(const context<Device>& ctx) const {
+    return parallel::offsets_of(group_counts(ctx));
+  }
+
+  // Each group's matrix: group g is local expert g mod (local experts).
+  static std::vector<tensor_view<const T, Device>> values(
+      const std::vector<parameter<T, Device>*>& parameters,
+      const std::vector<std::int64_t>& offsets) {
+    std::vector<tensor_view<const T, Device>> views;
+    for (std::size_t g = 0; g + 1 < offsets.size(); ++g)
+      views.emplace_back(parameters[g % parameters.size()]->value);
+    return views;
+  }
+  static std::vector<tensor_view<T, Device>> grads(
+      const std::vector<parameter<T, Device>*>& parameters,
+      const std::vector<std::int64_t>& offsets) {
+    std::vector<tensor_view<T, Device>> views;
+    for (std::size_t g = 0; g + 1 < offsets.size(); ++g)
+      views.push_back(parameters[g % parameters.size()]->grad);
+    return views;
+  }
+
+  const execution<Device>& exec_;
+  std::string name_;
+  std::int64_t d_model_, hidden_;
+  std::int64_t experts_;
+  [[no_unique_address]] exchange_type exchange_;  // under ep: the ep group's exchange
+  router<T, Device> router_;
+  // Per expert: fc (hidden, d), (hidden); proj (d, hidden), (d).
+  std::vector<parameter<T, Device>*> fc_weight_, fc_bias_, proj_weight_, proj_bias_;
+  routing_statistics last_;
+};
+
+}  // namespace quintet::nn
