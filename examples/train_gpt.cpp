@@ -33,7 +33,9 @@
 #include <quintet/nn/gpt_decoder.hpp>
 #include <quintet/nn/gpt_partition.hpp>
 #include <quintet/parallel/pipeline/catalog.hpp>
+#include <quintet/parallel/pipeline/chrome_trace.hpp>
 #include <quintet/parallel/plan.hpp>
+#include <quintet/train/checkpointing.hpp>
 #include <quintet/train/json_writer.hpp>
 #include <quintet/train/loss_plot.hpp>
 #include <quintet/train/matmul_probe.hpp>
@@ -86,6 +88,7 @@ struct program_options {
   std::string schedule = "1f1b";  // the pipeline schedule (the catalog's names)
   int virtual_stages = 2;         // chunks per rank of --schedule interleaved
   std::string pp_layers;          // layers per (virtual) stage, "3,3,2"; empty: balanced
+  std::string trace_path;         // --pp: the last step's measured timeline (Perfetto JSON)
   std::string sp_style = "none";  // none, megatron (on the tp group), ulysses, ring
   bool mpi = false;               // the ranks are mpirun's processes
   bool check_parity = false;      // compare the plan with the serial model instead of training
@@ -101,6 +104,12 @@ struct program_options {
   std::int64_t top_k = 0;    // 0: every token
   double peak_tflops = 0.0;  // per rank; 0: measure this host's sgemm rate
   std::string plot_path;
+  // Checkpoints: saved every --save-every steps and at the end into --save-dir (the last --keep
+  // kept); --resume continues from its latest, under whatever plan this run has.
+  std::string save_dir;
+  std::int64_t save_every = 0;  // 0: at the end only
+  std::size_t keep_checkpoints = 3;
+  bool resume = false;
   // Set at start-up: the peak MFU is taken against, and where it comes from.
   double peak_flops = 0.0;
   std::string peak_source;
@@ -151,6 +160,7 @@ void write_report(const std::string& path, const program_options& options,
       .member("heads", m.heads)
       .member("mlp_hidden", m.hidden())
       .member("tie_weights", m.tie_weights)
+      .member("recompute", std::string(quintet::nn::name_of(m.recompute)))
       .end_object();
   json.key("parallel")
       .begin_object()
@@ -304,6 +314,31 @@ void run_rank(const Source& source, const Source* held_out, const program_option
                                                               options.model.d_model, t.seq);
   const bool evaluating = options.eval_every > 0 && held_out != nullptr;
   const bool sampling = options.sample_tokens > 0;
+  std::optional<quintet::checkpoint::checkpoint_directory> checkpoints;
+  if (!options.save_dir.empty())
+    checkpoints.emplace(options.save_dir, quintet::checkpoint::checkpoint_options{
+                                              .keep_last = options.keep_checkpoints});
+  if (options.resume) {
+    QUINTET_CHECK(checkpoints && checkpoints->latest_step(),
+                  "--resume: no checkpoint in --save-dir '{}'", options.save_dir);
+    const auto reader = checkpoints->open_latest();
+    quintet::train::load_checkpoint(trainer, reader);
+    QUINTET_CHECK(trainer.next_step() < t.steps,
+                  "--resume: the latest checkpoint is at step {}; the run has {} steps (give more "
+                  "--steps)",
+                  trainer.next_step(), t.steps);
+    if (printer)
+      fmt::print("resumed from {} (saved under {}, mesh {})\n", reader.directory().string(),
+                 reader.state().at("plan").as_string(), reader.state().at("mesh").as_string());
+  }
+  const auto save = [&] {
+    quintet::train::save_checkpoint(trainer, *checkpoints);
+    if (printer)
+      fmt::print("checkpoint {} saved\n",
+                 (checkpoints->root() / quintet::checkpoint::checkpoint_directory::step_name(
+                                            static_cast<std::uint64_t>(trainer.next_step())))
+                     .string());
+  };
   if (printer) {
     fmt::print("quintet train_gpt: {} parameters, {} layers, d_model {}, {} heads, vocab {}\n",
                trainer.parameters().global_numel(), options.model.layers, options.model.d_model,
@@ -359,6 +394,7 @@ void run_rank(const Source& source, const Source* held_out, const program_option
   std::vector<std::int32_t> prompt;
   if constexpr (!pipelined) {
     if (sampling) {
+      const auto whole = trainer.whole_parameters();  // ZeRO-3: shards only between steps
       decoder.emplace(trainer.parameters(), exec, trainer.model_config(), mesh);
       prompt = sample_prompt(held_out != nullptr ? *held_out : source, options);
     }
@@ -375,6 +411,7 @@ void run_rank(const Source& source, const Source* held_out, const program_option
           .key = quintet::nn::sampling_key(t.seed, trainer.next_step())};
       sample_record r{.step = trainer.next_step(), .prompt = prompt};
       const auto start = std::chrono::steady_clock::now();
+      const auto whole = trainer.whole_parameters();
       r.tokens = quintet::nn::generate(*decoder, prompt, options.sample_tokens, sampling_options);
       r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       r.prompt_text = as_text(source, prompt);
@@ -392,7 +429,7 @@ void run_rank(const Source& source, const Source* held_out, const program_option
     }
   };
 
-  for (std::int64_t s = 0; s < t.steps; ++s) {
+  for (std::int64_t s = trainer.next_step(); s < t.steps; ++s) {
     if (evaluating && s % options.eval_every == 0) evaluate();
     if (sampling && options.sample_every > 0 && s > 0 && s % options.sample_every == 0) sample();
     run.history.push_back(trainer.train_step());
@@ -412,6 +449,22 @@ void run_rank(const Source& source, const Source* held_out, const program_option
           100.0 * quintet::train::model_flops_utilization(flops, options.peak_flops));
       std::fflush(stdout);
     }
+    if (checkpoints &&
+        (s + 1 == t.steps || (options.save_every > 0 && (s + 1) % options.save_every == 0)))
+      save();
+  }
+  if constexpr (Plan::template has<quintet::parallel::strategy::pipeline>) {
+    if (!options.trace_path.empty()) {
+      // Collective over pp: every rank's measured times of the last step.
+      auto& runtime = trainer.pipeline().runtime();
+      const auto measured = runtime.measured_timeline();
+      if (printer) {
+        std::ofstream(options.trace_path)
+            << quintet::parallel::pipeline::chrome_trace(runtime.plan(), measured);
+        fmt::print("measured timeline of step {} written to {} (makespan {:.1f} ms)\n",
+                   trainer.next_step() - 1, options.trace_path, measured.makespan);
+      }
+    }
   }
   // The trained model: a last evaluation and sample.
   if (evaluating) evaluate();
@@ -425,8 +478,8 @@ void run_rank(const Source& source, const Source* held_out, const program_option
              std::max<std::size_t>(1, run.history.size() / 10));
   if (floor) fmt::print(", entropy floor {:.4f}, gap {:.4f} nats", *floor, loss - *floor);
   if (!run.evaluations.empty()) fmt::print(", held-out loss {:.4f}", run.evaluations.back().loss);
-  fmt::print("; {} steps in {:.1f} s, {:.0f} tokens/s, {:.2f} GFLOP/s, MFU {:.1f}%\n", t.steps,
-             run.seconds, tokens_per_second, flops / 1e9,
+  fmt::print("; {} steps in {:.1f} s, {:.0f} tokens/s, {:.2f} GFLOP/s, MFU {:.1f}%\n",
+             run.history.size(), run.seconds, tokens_per_second, flops / 1e9,
              100.0 * quintet::train::model_flops_utilization(flops, options.peak_flops));
   if (!options.report_path.empty()) {
     write_report(options.report_path, options, floor, source, held_out, run);
@@ -458,7 +511,7 @@ void run_rank(const Source& source, const Source* held_out, const program_option
 //   --pp > 1    plan<dp<zero<0>>, pp<named_schedule>>               {.dp, .pp}       whole
 // One row for every schedule: pp<named_schedule> takes --schedule at run time (the schedules are
 // data, the stage code is the same), so the pipeline adds one instantiation, not eight. Its
-// stages are serial-plan stages: --tp, --sp, --sp-style and --zero 1/2 are refused with --pp.
+// stages are serial-plan stages: --tp, --sp, --sp-style and --zero 1-3 are refused with --pp.
 template <class Plan>
 struct plan_type {
   using type = Plan;
@@ -498,8 +551,10 @@ void with_plan(const program_options& options, Fn&& fn) {
       return with_sequence_plan<1>(options.sp_style, fn);
     case 2:
       return with_sequence_plan<2>(options.sp_style, fn);
+    case 3:
+      return with_sequence_plan<3>(options.sp_style, fn);
     default:
-      QUINTET_FAIL("--zero {}: expected 0, 1 or 2 (ZeRO-3 is not implemented yet)", options.zero);
+      QUINTET_FAIL("--zero {}: expected 0, 1, 2 or 3", options.zero);
   }
 }
 
@@ -553,11 +608,15 @@ int check_parity(const Source& source, const program_options& options) {
 
 // The degrees against each other and the world, with the reason when they do not fit.
 void check_parallel_options(const program_options& options) {
+  QUINTET_CHECK(!options.save_dir.empty() || (options.save_every == 0 && !options.resume),
+                "--save-every and --resume need --save-dir");
+  QUINTET_CHECK(options.trace_path.empty() || options.pp > 1,
+                "--trace records a pipeline's actions: it needs --pp 2 or more");
   QUINTET_CHECK(options.world >= 1 && options.tp >= 1 && options.sp >= 1 && options.dp >= 1,
                 "--world {}, --tp {}, --sp {} and --dp {} must be positive", options.world,
                 options.tp, options.sp, options.dp);
-  QUINTET_CHECK(options.zero >= 0 && options.zero <= 2,
-                "--zero {}: expected 0, 1 or 2 (ZeRO-3 is not implemented yet)", options.zero);
+  QUINTET_CHECK(options.zero >= 0 && options.zero <= 3, "--zero {}: expected 0, 1, 2 or 3",
+                options.zero);
   QUINTET_CHECK(options.bucket_mb >= 0.0 && std::isfinite(options.bucket_mb),
                 "--bucket-mb {} must be a size in MiB (0: one bucket per set of parameters)",
                 options.bucket_mb);
@@ -734,9 +793,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--zero", options.zero,
                  "ZeRO stage of data parallelism: 0 (DDP), 1 (optimizer state sharded), 2 (and "
-                 "gradients)")
+                 "gradients), 3 (and parameters, gathered per layer)")
       ->capture_default_str()
-      ->check(CLI::Range(0, 2));
+      ->check(CLI::Range(0, 3));
   app.add_option("--bucket-mb", options.bucket_mb,
                  "MiB per gradient-reduction bucket, launched while backward runs (0: one bucket)")
       ->capture_default_str()
@@ -812,6 +871,26 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--plot", options.plot_path,
                  "write the training and held-out loss curves as an SVG file");
+  app.add_option_function<std::string>(
+         "--recompute",
+         [&](const std::string& mode) { m.recompute = quintet::nn::parse_recompute_mode(mode); },
+         "activation recomputation per block: none, selective (the attention core) or full (keep "
+         "the block's input, rerun it in backward)")
+      ->default_str("none");
+  app.add_option("--trace", options.trace_path,
+                 "with --pp: write the last step's measured start and end of every action on "
+                 "every rank as a Perfetto / Chrome trace (the simulator's format)");
+  app.add_option("--save-dir", options.save_dir,
+                 "save checkpoints (safetensors shards + index) into this directory");
+  app.add_option("--save-every", options.save_every,
+                 "steps between checkpoints (0: at the end only; needs --save-dir)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--keep", options.keep_checkpoints, "checkpoints kept in --save-dir (0: all)")
+      ->capture_default_str();
+  app.add_flag("--resume", options.resume,
+               "continue from the latest checkpoint in --save-dir (under any plan: each rank reads "
+               "the shards it needs)");
   CLI11_PARSE(app, argc, argv);
   // Generation needs the whole model on one rank: a pipeline run samples nothing unless asked
   // (and then refuses, saying why).

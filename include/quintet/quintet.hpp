@@ -1,7 +1,7 @@
 // The umbrella header: every host-side part of quintet, plus the CUDA memory runtime when the
-// target was built with QUINTET_WITH_CUDA. CUDA kernels (.cuh) are included explicitly by nvcc code.
-// It is convenient, not cheap to compile: a translation unit that needs one part includes that
-// part's header.
+// target was built with QUINTET_WITH_CUDA. CUDA kernels (.cuh) are included explicitly by nvcc
+// code. It is convenient, not cheap to compile: a translation unit that needs one part includes
+// that part's header.
 #pragma once
 
 #include <quintet/core/bf16.hpp>
@@ -45,6 +45,7 @@
 #include <quintet/data/markov_source.hpp>
 #include <quintet/nn/gpt.hpp>
 #include <quintet/nn/gpt_stage.hpp>
+#include <quintet/nn/moe.hpp>
 #include <quintet/nn/packed_context.hpp>
 #include <quintet/nn/stage.hpp>
 #include <quintet/optim/adamw.hpp>
@@ -66,4 +67,8 @@
 #include <quintet/parallel/tensor/vocab_parallel_cross_entropy.hpp>
 #include <quintet/train/executor.hpp>
 #include <quintet/train/parity.hpp>
+#include <quintet/train/checkpointing.hpp>
 #include <quintet/train/trainer.hpp>
+
+// Checkpoints: safetensors files, the index, region reads and the crash-safe checkpoint directory.
+#include <quintet/checkpoint/checkpoint_directory.hpp>

@@ -80,6 +80,7 @@ struct rank_result {
   std::vector<std::int64_t> counts;
   gradients grads;  // of the parameters this rank holds
   quintet::parallel::pipeline::run_stats stats;
+  quintet::parallel::pipeline::simulation measured;  // every rank's timed compute actions
 };
 
 template <class T>
@@ -134,6 +135,7 @@ rank_result pipeline_rank(Comm& pp, const quintet::parallel::pipeline::schedule&
     out.counts.push_back(losses[i].count);
   }
   out.stats = pipeline.runtime().stats();
+  out.measured = pipeline.runtime().measured_timeline();
   return out;
 }
 

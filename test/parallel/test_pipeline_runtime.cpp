@@ -16,6 +16,7 @@
 #include <quintet/comm/thread_comm.hpp>
 #include <quintet/mesh/device_mesh.hpp>
 #include <quintet/parallel/pipeline/catalog.hpp>
+#include <quintet/parallel/pipeline/chrome_trace.hpp>
 #include <quintet/parallel/pipeline/verifier.hpp>
 
 #include <algorithm>
@@ -134,6 +135,49 @@ TEST_CASE("every schedule gives the serial GPT's losses and gradients, in double
         const pl::schedule s = pl::generate(name, {.ranks = p, .micro_batches = m}, 2);
         for (const bool tied : {true, false}) require_parity<double>(s, tied, 1e-12);
       }
+    }
+  }
+}
+
+TEST_CASE("the measured timeline has every rank's compute actions, in causal order",
+          "[pipeline][trace]") {
+  for (const std::string name : {"1f1b", "zb-v", "interleaved"}) {
+    INFO(name);
+    const pl::schedule s = pl::generate(name, {.ranks = 2, .micro_batches = 4}, 2);
+    const auto ranks = pipeline_run<float>(s, true);
+    for (const auto& rank : ranks) {
+      const pl::simulation& measured = rank.measured;
+      REQUIRE(measured.timeline.size() == 2);
+      double latest_end = 0;
+      for (int r = 0; r < 2; ++r) {
+        std::size_t computes = 0;
+        for (const auto& a : s.on(r)) computes += pl::is_compute(a.kind) ? 1 : 0;
+        const auto& timeline = measured.timeline[static_cast<std::size_t>(r)];
+        REQUIRE(timeline.size() == computes);
+        // A rank runs its list in order: each action starts after the one before it ended.
+        for (std::size_t i = 0; i < timeline.size(); ++i) {
+          CHECK(timeline[i].end >= timeline[i].start);
+          if (i > 0) CHECK(timeline[i].start >= timeline[i - 1].end);
+          latest_end = std::max(latest_end, timeline[i].end);
+        }
+      }
+      CHECK(measured.makespan == latest_end);
+      CHECK(measured.makespan > 0);
+      // Across ranks: a stage's forward of a micro-batch starts after the previous stage's
+      // forward of it ended (its input was sent at that end), up to the skew of the ranks'
+      // clocks, which start when each leaves the barrier (allowed: 20 ms, against forwards of
+      // about a millisecond; the order still catches times swapped or misplaced by a rank).
+      constexpr double skew_ms = 20;
+      std::map<std::pair<int, int>, pl::timed_action> forwards;
+      for (const auto& timeline : measured.timeline)
+        for (const auto& t : timeline)
+          if (t.what.kind == pl::action_kind::forward)
+            forwards[{t.what.stage, t.what.micro_batch}] = t;
+      for (const auto& [key, t] : forwards)
+        if (key.first > 0) CHECK(t.start >= forwards.at({key.first - 1, key.second}).end - skew_ms);
+      // Drawn like the simulator's timelines.
+      const std::string trace = pl::chrome_trace(s, measured);
+      CHECK(trace.find("\"F mb0 s0\"") != std::string::npos);
     }
   }
 }

@@ -2,13 +2,14 @@
 // GPT; each also runs the serial model itself and compares its losses and shards with it (the
 // tolerance is argued in test_tensor_parallel.cpp). Run by CTest under mpirun with 2 and 4 ranks:
 // tp = N; ring and Ulysses with sp = 2 (N = 2) or tp x sp = 2 x 2 (N = 4); Megatron-SP with
-// tp = N.
+// tp = N; data parallelism with ZeRO-1 and ZeRO-3 at dp = N.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
 #include "gpt_parity.hpp"
 
 #include <quintet/comm/mpi_comm.hpp>
+#include <quintet/parallel/data/zero.hpp>
 
 using namespace quintet::test;
 
@@ -38,7 +39,25 @@ TEST_CASE("sequence parallel GPTs over MPI match the serial GPT step by step",
   }
   {
     INFO("megatron_sp");
-    require_rank_matches_serial(serial, parallel_rank<megatron_sp_plan>(world, {.tp = world.size()}));
+    require_rank_matches_serial(serial,
+                                parallel_rank<megatron_sp_plan>(world, {.tp = world.size()}));
+  }
+}
+
+TEST_CASE("data parallel GPTs (ZeRO-1, ZeRO-3) over MPI match the serial GPT step by step",
+          "[parity][mpi][data]") {
+  const run_result serial = serial_run();
+  quintet::mpi_comm world(MPI_COMM_WORLD);
+  INFO("rank " << world.rank() << " of " << world.size());
+  {
+    INFO("zero<1>, dp = " << world.size());
+    require_rank_matches_serial(
+        serial, parallel_rank<quintet::plan<par::dp<par::zero<1>>>>(world, {.dp = world.size()}));
+  }
+  {
+    INFO("zero<3>, dp = " << world.size());
+    require_rank_matches_serial(
+        serial, parallel_rank<quintet::plan<par::dp<par::zero<3>>>>(world, {.dp = world.size()}));
   }
 }
 

@@ -47,6 +47,8 @@ class device_mesh {
   const mesh_degrees& degrees() const { return layout_.degrees(); }
   const mesh_coordinates& coordinates() const { return coordinates_; }
   int world_rank() const { return world_rank_; }
+  // Every rank of the mesh (collectives over the whole world: a checkpoint's barriers).
+  Comm& world() { return *world_; }
 
   Comm& axis(mesh_axis which) { return groups_[static_cast<std::size_t>(which)]; }
   Comm& tp() { return axis(mesh_axis::tp); }

@@ -146,7 +146,8 @@ class embedding {
   }
   // Stored as (padded vocab, d); its logical shape is the vocabulary's (vocab, d).
   static parallel::placement token_placement(std::int64_t vocab, std::int64_t d_model) {
-    const auto logical = parallel::placement::replicated().with_logical_shape(shape{vocab, d_model});
+    const auto logical =
+        parallel::placement::replicated().with_logical_shape(shape{vocab, d_model});
     if constexpr (vocab_parallel) return logical.sharded(mesh_axis::tp, 0);
     return logical;
   }

@@ -16,6 +16,13 @@
 // piece's parameter gradients of this micro-batch are complete — the head's first, the
 // embedding's (with the tied table) last — so data parallelism can reduce them while the rest of
 // backward runs.
+//
+// on_parameter_access(access): forward and backward acquire each piece's parameters before the
+// piece runs and release them after (nn::parameter_access; ZeRO-3 gathers them). The head's use
+// includes the tied table when this stage holds the embedding too. The split backward
+// (backward_input / backward_weight) runs with parameters always held only. A block's activation
+// recomputation (gpt_config::recompute) runs inside its backward, so inside the backward's
+// acquire: the parameters the recomputed forward reads are there.
 #pragma once
 
 #include <quintet/core/error.hpp>
@@ -28,6 +35,8 @@
 #include <quintet/nn/layer_norm.hpp>
 #include <quintet/nn/linear.hpp>
 #include <quintet/nn/parameter.hpp>
+#include <quintet/nn/parameter_access.hpp>
+#include <quintet/nn/recompute_mode.hpp>
 #include <quintet/nn/stage.hpp>
 #include <quintet/nn/transformer_block.hpp>
 #include <quintet/parallel/mappings.hpp>
@@ -49,6 +58,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -63,6 +73,9 @@ struct gpt_config {
   std::int64_t mlp_hidden = 0;  // 0: 4 d_model
   bool tie_weights = true;
   double init_stddev = 0.02;
+  // What each block keeps for backward: everything (none), all but the attention core's output
+  // and log-sum-exp (selective), or its input only (full); the gradients are the same bits.
+  recompute_mode recompute = recompute_mode::none;
 
   std::int64_t hidden() const { return mlp_hidden == 0 ? 4 * d_model : mlp_hidden; }
   // The embedding, every block, the head.
@@ -162,7 +175,8 @@ class gpt_stage {
         .mlp_hidden = config.hidden(),
         .init_stddev = config.init_stddev,
         .proj_init_stddev =
-            config.init_stddev / std::sqrt(2.0 * static_cast<double>(config.layers))};
+            config.init_stddev / std::sqrt(2.0 * static_cast<double>(config.layers)),
+        .recompute = config.recompute};
     for (std::int64_t piece = std::max<std::int64_t>(cut_.first_piece, 1);
          piece < std::min(cut_.end_piece, config.layers + 1); ++piece) {
       const std::size_t before = registry.size();
@@ -192,6 +206,13 @@ class gpt_stage {
     }
     for (auto* p : registered_since(registry, before_head)) head_parameters_.push_back(p);
     mark_stages(registry, first_parameter);
+    if (holds_embedding()) piece_uses_.push_back(embedding_parameters_);
+    for (const auto& parameters : block_parameters_) piece_uses_.push_back(parameters);
+    if (holds_head()) {
+      piece_uses_.push_back(head_parameters_);
+      if (config_.tie_weights && holds_embedding())
+        piece_uses_.back().push_back(&embedding_->token_weight());
+    }
   }
   gpt_stage(parameter_registry<T, Device>&, const execution<Device>&&, const gpt_config&, stage_cut,
             Mesh* = nullptr) = delete;
@@ -221,7 +242,9 @@ class gpt_stage {
     quintet::tensor<T, Device> x;  // (batch, rows, d)
     std::size_t next_block = 0;
     if (holds_embedding()) {
-      x = embedding_->forward(ctx, parallel::take_rows(in.tokens, input), activation);
+      x = in_piece(0, pass::forward, [&] {
+        return embedding_->forward(ctx, parallel::take_rows(in.tokens, input), activation);
+      });
     } else {
       const shape expected{in.tokens.shape()[0], activation.rows(), config_.d_model};
       QUINTET_CHECK(in.activations.shape() == expected,
@@ -230,14 +253,19 @@ class gpt_stage {
       if (blocks_.empty()) {
         x = copy_of(in.activations);
       } else {
-        x = blocks_[next_block++]->forward(ctx, in.activations);
+        x = in_piece(block_piece(0), pass::forward,
+                     [&] { return blocks_[0]->forward(ctx, in.activations); });
+        ++next_block;
       }
     }
     for (; next_block < blocks_.size(); ++next_block)
-      x = blocks_[next_block]->forward(ctx, x.view());
+      x = in_piece(block_piece(next_block), pass::forward,
+                   [&] { return blocks_[next_block]->forward(ctx, x.view()); });
     output_type out;
     if (holds_head()) {
-      out.loss = head_forward(ctx, std::move(x), in.targets, input, in.ignore_index);
+      out.loss = in_piece(piece_uses_.size() - 1, pass::forward, [&] {
+        return head_forward(ctx, std::move(x), in.targets, input, in.ignore_index);
+      });
     } else {
       out.activations = std::move(x);
     }
@@ -256,13 +284,16 @@ class gpt_stage {
           return block_dx;
         });
     if (!holds_embedding()) return dx;
-    embedding_->backward(ctx, dx.view(), sequence::activation_layout(mesh_, seq));
-    announce(embedding_parameters_);
+    in_piece(0, pass::backward, [&] {
+      embedding_->backward(ctx, dx.view(), sequence::activation_layout(mesh_, seq));
+      announce(embedding_parameters_);
+    });
     return {};
   }
 
   // The input pass of backward: the same input gradient; keeps what backward_weight needs.
   input_gradient_type backward_input(context<Device>& ctx, const gradient_type& gradient) {
+    refuse_split_with_access();
     quintet::tensor<T, Device> dx = blocks_backward(
         ctx, gradient, true, [&](block_type& block, tensor_view<const T, Device> dy) {
           return block.backward_input(ctx, dy);
@@ -275,6 +306,7 @@ class gpt_stage {
   // The weight pass, in backward's order (the tied table takes the head's part, then the
   // embedding's), so the two passes give backward's bits.
   void backward_weight(context<Device>& ctx) {
+    refuse_split_with_access();
     const std::int64_t seq = saved(ctx).seq;
     if (holds_head()) {
       if (head_) {
@@ -298,6 +330,13 @@ class gpt_stage {
 
   // From now on, `hook` hears of every piece's completed gradients (none: an empty function).
   void on_gradients_ready(gradients_ready_hook hook) { gradients_ready_ = std::move(hook); }
+  // From now on, each piece acquires its parameters before it runs and releases them after.
+  void on_parameter_access(parameter_access<T, Device> access) { access_ = std::move(access); }
+  // Each piece's parameters, in forward order (the embedding, the blocks, the head: those held),
+  // the head's with the tied table when it reads it.
+  const std::vector<std::vector<parameter<T, Device>*>>& piece_parameters() const {
+    return piece_uses_;
+  }
 
   bool holds_embedding() const { return cut_.first_piece == 0; }
   bool holds_head() const { return cut_.end_piece == config_.pieces(); }
@@ -371,6 +410,43 @@ class gpt_stage {
       if (blocks_[i].get() == &block) return block_parameters_[i];
     QUINTET_FAIL("gpt stage {}: a block it does not hold", cut_.index);
   }
+  enum class pass { forward, backward };
+  std::size_t block_piece(std::ptrdiff_t block) const {
+    return static_cast<std::size_t>(block) + (holds_embedding() ? 1 : 0);
+  }
+  // Piece i's use of its parameters in a pass: values except in the embedding's backward (which
+  // scatters into its gradient), gradients in backward.
+  parameter_use<T, Device> use_of(std::size_t i, pass p) const {
+    return {.parameters = piece_uses_[i],
+            .values = p == pass::forward || !(holds_embedding() && i == 0),
+            .gradients = p == pass::backward};
+  }
+  // Runs `run` (piece i's computation in pass p) between the access hooks' acquire and release.
+  template <class Run>
+  decltype(auto) in_piece(std::size_t i, pass p, Run&& run) {
+    if (!access_) return run();
+    const parameter_use<T, Device> now = use_of(i, p);
+    std::optional<parameter_use<T, Device>> next;
+    if (p == pass::forward && i + 1 < piece_uses_.size()) next = use_of(i + 1, p);
+    if (p == pass::backward && i > 0) next = use_of(i - 1, p);
+    access_.acquire(now, next ? &*next : nullptr);
+    if constexpr (std::is_void_v<decltype(run())>) {
+      run();
+      access_.release(now);
+    } else {
+      decltype(auto) result = run();
+      access_.release(now);
+      return result;
+    }
+  }
+  void refuse_split_with_access() const {
+    QUINTET_CHECK(!access_,
+                  "gpt stage {}: the split backward (backward_input, backward_weight) needs its "
+                  "parameters held throughout; it does not run with parameter access hooks "
+                  "(ZeRO-3)",
+                  cut_.index);
+  }
+
   void announce(const std::vector<parameter<T, Device>*>& parameters) {
     if (gradients_ready_ && !parameters.empty()) gradients_ready_(parameters);
   }
@@ -383,8 +459,11 @@ class gpt_stage {
     auto block = blocks_.rbegin();
     quintet::tensor<T, Device> dx;
     if (holds_head()) {
-      dx = head_backward(ctx, gradient.loss_scale, split);
-      if (!split) announce(head_parameters_);
+      dx = in_piece(piece_uses_.size() - 1, pass::backward, [&] {
+        quintet::tensor<T, Device> head_dx = head_backward(ctx, gradient.loss_scale, split);
+        if (!split) announce(head_parameters_);
+        return head_dx;
+      });
     } else {
       const saved_micro_batch kept = saved(ctx);
       const shape expected{kept.batch, sequence::activation_layout(mesh_, kept.seq).rows(),
@@ -393,9 +472,13 @@ class gpt_stage {
                     "gpt stage {}: a gradient of shape {} from the next stage, expected {}",
                     cut_.index, gradient.activations.shape(), expected);
       if (block == blocks_.rend()) return copy_of(gradient.activations);
-      dx = pass(**block++, gradient.activations);
+      dx = in_piece(block_piece(blocks_.rend() - block - 1), pass::backward,
+                    [&] { return pass(**block, gradient.activations); });
+      ++block;
     }
-    for (; block != blocks_.rend(); ++block) dx = pass(**block, dx.view());
+    for (; block != blocks_.rend(); ++block)
+      dx = in_piece(block_piece(blocks_.rend() - block - 1), pass::backward,
+                    [&] { return pass(**block, dx.view()); });
     return dx;
   }
 
@@ -514,6 +597,8 @@ class gpt_stage {
   std::vector<parameter<T, Device>*> embedding_parameters_, head_parameters_;
   std::vector<std::vector<parameter<T, Device>*>> block_parameters_;
   gradients_ready_hook gradients_ready_;
+  std::vector<std::vector<parameter<T, Device>*>> piece_uses_;  // forward order
+  parameter_access<T, Device> access_;
 };
 
 static_assert(stage<gpt_stage<float, host>>);

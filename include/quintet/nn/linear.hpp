@@ -71,9 +71,18 @@ class linear {
   // The forward of an input the caller has already saved in the context under `kept` (for its own
   // backward): the layer refers to that tensor instead of keeping a copy.
   quintet::tensor<T, Device> forward_kept(context<Device>& ctx, const std::string& kept) {
-    ctx.alias(name_ + ".input", kept);
+    refer_input(ctx, kept);
     return apply(ctx.template get<T>(name_ + ".input").view());
   }
+
+  // Makes the tensor the caller keeps under `kept` this layer's input for backward, with no
+  // forward: a caller that ran apply() and recomputes the input in backward (selective
+  // recomputation of attention) refers the layer to it then.
+  void refer_input(context<Device>& ctx, const std::string& kept) {
+    ctx.alias(name_ + ".input", kept);
+  }
+  // Erases the kept input (a copy or a reference), for a caller that recomputed it.
+  void drop_input(context<Device>& ctx) { ctx.erase(name_ + ".input"); }
 
   // dy (..., out) -> dx (..., in); accumulates dW += dy^T x and db += column sums of dy.
   quintet::tensor<T, Device> backward(context<Device>& ctx, tensor_view<const T, Device> dy) {

@@ -63,6 +63,11 @@ class mlp {
     fc_.backward_weight(ctx);
   }
 
+  // After the input pass, for a caller that will not run this micro-batch's backward again (a
+  // recomputing block whose weight pass may come much later): erases what only the input pass
+  // reads, the GELU input.
+  void drop_input_pass_tensors(context<Device>& ctx) { ctx.erase(name_ + ".gelu_input"); }
+
  private:
   const execution<Device>& exec_;
   std::string name_;

@@ -38,6 +38,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <string>
 #include <string_view>
@@ -91,6 +92,9 @@ struct bucket_layout {
   std::int64_t max_elements = 0;  // 0: one bucket per set; else at most this many (a larger
                                   // parameter gets a bucket of its own)
   bool shardable = false;         // pad each bucket to split evenly over its partial axes' ranks
+  // The piece (layer) of each named parameter: parameters of different pieces never share a
+  // bucket, so a piece's buckets are what ZeRO-3 gathers before the piece runs. Unnamed: piece -1.
+  std::map<std::string, int, std::less<>> piece_of{};
 
   friend bool operator==(const bucket_layout&, const bucket_layout&) = default;
 };
@@ -171,7 +175,7 @@ class parameter_registry {
     if (!buckets_.empty()) {
       for (auto& bucket : buckets_) {
         if (gradients_released_) {
-          bucket.grads = quintet::tensor<T, Device>(bucket.values.shape());
+          bucket.grads = quintet::tensor<T, Device>(shape{flat_elements(bucket)});
           point_gradients(bucket);
         }
         fill(bucket.grads, T(0));
@@ -194,6 +198,29 @@ class parameter_registry {
     gradients_released_ = true;
   }
   bool gradients_released() const { return gradients_released_; }
+
+  // ZeRO-3 holds a bucket's whole values and gradients only while a layer uses them. Releasing
+  // frees a buffer and empties its parameters' views; holding makes it again (values uninitialised,
+  // for the caller to gather into; gradients zeroed) and points the views at it.
+  void release_values(parameter_bucket<T, Device>& bucket) {
+    bucket.values = quintet::tensor<T, Device>();
+    for (auto* p : bucket.parameters) p->value = {};
+  }
+  void hold_values(parameter_bucket<T, Device>& bucket) {
+    bucket.values = quintet::tensor<T, Device>(shape{flat_elements(bucket)});
+    for (std::size_t i = 0; i < bucket.parameters.size(); ++i)
+      bucket.parameters[i]->value = view_of(bucket.values, bucket, i);
+  }
+  void release_gradients(parameter_bucket<T, Device>& bucket) {
+    bucket.grads = quintet::tensor<T, Device>();
+    for (auto* p : bucket.parameters) p->grad = {};
+    gradients_released_ = true;
+  }
+  void hold_gradients(parameter_bucket<T, Device>& bucket) {
+    bucket.grads = quintet::tensor<T, Device>(shape{flat_elements(bucket)});
+    fill(bucket.grads, T(0));
+    point_gradients(bucket);
+  }
 
   // Moves every parameter's value and gradient into its bucket's flat buffers (bit for bit) and
   // frees their own storage. Once flattened, no parameter can be added. Idempotent.
@@ -235,15 +262,16 @@ class parameter_registry {
       std::int64_t run_elements = 0;
       for (auto* p : members[b]) {
         const std::int64_t n = aligned(p->value.numel());
-        if (layout.max_elements > 0 && !runs.back().empty() &&
-            run_elements + n > layout.max_elements) {
+        const bool new_piece = !runs.back().empty() &&
+                               piece(layout, runs.back().back()->name) != piece(layout, p->name);
+        if (!runs.back().empty() &&
+            (new_piece || (layout.max_elements > 0 && run_elements + n > layout.max_elements))) {
           runs.emplace_back();
           run_elements = 0;
         }
         runs.back().push_back(p);
         run_elements += n;
       }
-      const std::int64_t ranks = layout.shardable ? group_size(keys[b]) : 1;
       for (auto& run : runs) {
         parameter_bucket<T, Device>& bucket = buckets.emplace_back();
         bucket.partial_axes = keys[b];
@@ -253,7 +281,7 @@ class parameter_registry {
           bucket.offsets.push_back(total);
           total += aligned(p->value.numel());
         }
-        total = (total + ranks * per_line - 1) / (ranks * per_line) * (ranks * per_line);
+        total = split_evenly(total, keys[b]);
         bucket.values = quintet::tensor<T, Device>(shape{total});
         bucket.grads = quintet::tensor<T, Device>(shape{total});
         fill(bucket.values, T(0));
@@ -289,6 +317,13 @@ class parameter_registry {
     return n;
   }
 
+  // A bucket's flat length, padding included (whether or not its buffers are held now).
+  std::int64_t flat_elements(const parameter_bucket<T, Device>& bucket) const {
+    return split_evenly(
+        bucket.offsets.back() + aligned(bucket.parameters.back()->local.local_shape().numel()),
+        bucket.partial_axes);
+  }
+
   std::size_t size() const { return parameters_.size(); }
   auto begin() { return parameters_.begin(); }
   auto end() { return parameters_.end(); }
@@ -302,6 +337,11 @@ class parameter_registry {
   // Elements rounded up to a 64-byte boundary.
   static std::int64_t aligned(std::int64_t n) { return (n + per_line - 1) / per_line * per_line; }
 
+  static int piece(const bucket_layout& layout, std::string_view name) {
+    const auto found = layout.piece_of.find(name);
+    return found == layout.piece_of.end() ? -1 : found->second;
+  }
+
   // Ranks of the group over the axes `axes` (the product of their degrees).
   std::int64_t group_size(mesh_axis_set axes) const {
     std::int64_t ranks = 1;
@@ -312,12 +352,22 @@ class parameter_registry {
 
   // Each of the bucket's parameters' grad views onto its range of bucket.grads.
   static void point_gradients(parameter_bucket<T, Device>& bucket) {
-    for (std::size_t i = 0; i < bucket.parameters.size(); ++i) {
-      parameter<T, Device>& p = *bucket.parameters[i];
-      const shape local = p.value.shape();
-      const std::int64_t begin = bucket.offsets[i];
-      p.grad = reshape(slice(bucket.grads, 0, begin, begin + local.numel()), local);
-    }
+    for (std::size_t i = 0; i < bucket.parameters.size(); ++i)
+      bucket.parameters[i]->grad = view_of(bucket.grads, bucket, i);
+  }
+  // Parameter i's range of one of the bucket's flat buffers, in its local shape.
+  static quintet::tensor_view<T, Device> view_of(quintet::tensor<T, Device>& buffer,
+                                                 const parameter_bucket<T, Device>& bucket,
+                                                 std::size_t i) {
+    const shape local = bucket.parameters[i]->local.local_shape();
+    const std::int64_t begin = bucket.offsets[i];
+    return reshape(slice(buffer, 0, begin, begin + local.numel()), local);
+  }
+  // `elements` rounded up to split into 64-byte aligned shards over the axes' ranks (when the
+  // layout is shardable).
+  std::int64_t split_evenly(std::int64_t elements, mesh_axis_set axes) const {
+    const std::int64_t unit = (layout_.shardable ? group_size(axes) : 1) * per_line;
+    return (elements + unit - 1) / unit * unit;
   }
 
   std::uint64_t seed_;

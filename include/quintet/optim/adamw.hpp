@@ -6,7 +6,8 @@
 // of it by default, or the range this rank owns (own(), what ZeRO gives each data-parallel rank),
 // in which case the update touches only that range and the moments are that range's size. ZeRO
 // keeps the reduced gradient of that range apart from the parameter's (its shard of the bucket):
-// own(name, range, gradient) reads it from there.
+// own(name, range, gradient) reads it from there; ZeRO-3 keeps the range's values apart too (the
+// whole parameter exists only while a layer uses it): own(name, range, gradient, value).
 #pragma once
 
 #include <quintet/core/error.hpp>
@@ -39,6 +40,7 @@ class adamw {
     parallel::flat_range range;
     bool whole = true;
     tensor_view<T, Device> gradient{};  // the range's gradient, when not the parameter's own
+    tensor_view<T, Device> value{};     // the range's values, when not the parameter's own
   };
 
   adamw(nn::parameter_registry<T, Device>& registry, const execution<Device>& exec,
@@ -65,11 +67,13 @@ class adamw {
 
   // From now on this rank updates only `range` of parameter `name`'s flattened elements; its
   // moments restart at zero over that range (call before the first step).
-  // `gradient` (range.size() elements), when given, holds that range's gradient from then on.
-  void own(std::string_view name, parallel::flat_range range,
-           tensor_view<T, Device> gradient = {}) {
+  // `gradient` (range.size() elements), when given, holds that range's gradient from then on;
+  // `value`, when given, that range's values (which the update then writes there).
+  void own(std::string_view name, parallel::flat_range range, tensor_view<T, Device> gradient = {},
+           tensor_view<T, Device> value = {}) {
     moments& state = find(name);
-    const std::int64_t numel = registry_.find(name).value.numel();
+    const shape local = registry_.find(name).local.local_shape();
+    const std::int64_t numel = local.numel();
     QUINTET_CHECK(0 <= range.begin && range.begin <= range.end && range.end <= numel,
                   "adamw: range [{}, {}) is outside parameter '{}' of {} elements", range.begin,
                   range.end, name, numel);
@@ -77,13 +81,18 @@ class adamw {
     QUINTET_CHECK(gradient.data() == nullptr || gradient.numel() == range.size(),
                   "adamw: a gradient of {} elements for the range [{}, {}) of parameter '{}'",
                   gradient.numel(), range.begin, range.end, name);
+    QUINTET_CHECK(value.data() == nullptr || value.numel() == range.size(),
+                  "adamw: values of {} elements for the range [{}, {}) of parameter '{}'",
+                  value.numel(), range.begin, range.end, name);
     state.range = range;
     state.gradient = gradient.data() == nullptr ? tensor_view<T, Device>{}
                                                 : reshape(gradient, shape{range.size()});
-    state.whole = range.begin == 0 && range.end == numel && state.gradient.data() == nullptr;
+    state.value =
+        value.data() == nullptr ? tensor_view<T, Device>{} : reshape(value, shape{range.size()});
+    state.whole = range.begin == 0 && range.end == numel && state.gradient.data() == nullptr &&
+                  state.value.data() == nullptr;
     // The whole parameter keeps moments of its shape (the update sees them beside the value).
-    const shape moments_shape =
-        state.whole ? registry_.find(name).value.shape() : shape{range.size()};
+    const shape moments_shape = state.whole ? local : shape{range.size()};
     state.m = quintet::tensor<state_type, Device>(moments_shape);
     state.v = quintet::tensor<state_type, Device>(moments_shape);
     fill(state.m, state_type(0));
@@ -106,7 +115,7 @@ class adamw {
         kernels::adamw_update(exec_, p.value, p.grad, state.m, state.v, hp, steps_, grad_scale);
       } else if (state.range.size() > 0) {
         kernels::adamw_update(
-            exec_, range_of(p.value, state.range),
+            exec_, state.value.data() != nullptr ? state.value : range_of(p.value, state.range),
             state.gradient.data() != nullptr ? state.gradient : range_of(p.grad, state.range),
             state.m, state.v, hp, steps_, grad_scale);
       }
@@ -118,7 +127,14 @@ class adamw {
     QUINTET_CHECK(found != states_.end(), "adamw: no state for parameter '{}'", name);
     return found->second;
   }
+  // The moments as they stand, for a checkpoint to restore them.
+  moments& state(std::string_view name) { return find(name); }
   std::int64_t steps() const { return steps_; }
+  // Continue as if `steps` updates had been taken (the moments restored by the caller).
+  void restore_steps(std::int64_t steps) {
+    QUINTET_CHECK(steps >= 0, "adamw: {} steps taken is negative", steps);
+    steps_ = steps;
+  }
   // Bytes of the moments this optimizer holds (both, every parameter's owned range).
   std::int64_t state_bytes() const {
     std::int64_t bytes = 0;

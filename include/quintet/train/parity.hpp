@@ -103,31 +103,33 @@ struct parity_report {
   // A table: per step the two losses and their difference, then the parameters that are outside
   // the tolerance (or the worst one), then the verdict.
   std::string summary() const {
-    std::string out = detail::format_message("parity of {} against the serial model, {} steps\n",
-                                             plan, serial_losses.size());
+    std::string out = quintet::detail::format_message(
+        "parity of {} against the serial model, {} steps\n", plan, serial_losses.size());
     for (std::size_t s = 0; s < serial_losses.size(); ++s)
-      out += detail::format_message("  step {}: serial {:.9g}  plan {:.9g}  relative {:.2e}\n", s,
-                                    serial_losses[s], plan_losses[s], loss_relative[s]);
+      out += quintet::detail::format_message(
+          "  step {}: serial {:.9g}  plan {:.9g}  relative {:.2e}\n", s, serial_losses[s],
+          plan_losses[s], loss_relative[s]);
     const parameter_difference* worst = nullptr;
     std::int64_t outside = 0;
     for (const auto& p : parameters) {
       if (worst == nullptr || p.worst_absolute > worst->worst_absolute) worst = &p;
       if (!p.within) {
         ++outside;
-        out +=
-            detail::format_message("  OUTSIDE rank {} {}: worst absolute {:.3e}, relative {:.3e}\n",
-                                   p.rank, p.name, p.worst_absolute, p.worst_relative);
+        out += quintet::detail::format_message(
+            "  OUTSIDE rank {} {}: worst absolute {:.3e}, relative {:.3e}\n", p.rank, p.name,
+            p.worst_absolute, p.worst_relative);
       }
     }
     for (const auto& name : uncovered)
-      out += detail::format_message("  NOT COVERED {}: elements of it are held by no rank\n", name);
+      out += quintet::detail::format_message(
+          "  NOT COVERED {}: elements of it are held by no rank\n", name);
     if (worst != nullptr)
-      out += detail::format_message(
+      out += quintet::detail::format_message(
           "  {} parameter shards compared; largest difference: rank {} {} (absolute {:.3e}, "
           "relative {:.3e} beyond the margin)\n",
           parameters.size(), worst->rank, worst->name, worst->worst_absolute,
           worst->worst_relative);
-    out += detail::format_message(
+    out += quintet::detail::format_message(
         "verdict: {} (loss within {:.0e} relative; parameters within {:.0e} relative or {:.0e} "
         "absolute; {} shards outside)\n",
         passed ? "PASS" : "FAIL", tolerance.loss_relative, tolerance.parameter_relative,
@@ -144,6 +146,7 @@ parity_run parity_rank(const Source& source, const nn::gpt_config& model,
   trainer<T, Source, Plan, Mesh> run(source, model, training, exec, mesh);
   parity_run out;
   for (std::int64_t s = 0; s < training.steps; ++s) out.losses.push_back(run.train_step().loss);
+  const auto whole = run.whole_parameters();  // ZeRO-3 holds shards only between steps
   for (const auto& p : run.parameters()) {
     quintet::tensor<T, host> local(p.value.shape());
     copy(local, p.value);

@@ -231,9 +231,20 @@ class trainer {
       const parallel::data_parallel_options dp_options{
           .zero_stage = Plan::template style<parallel::strategy::data>::stage,
           .bucket_elements = options.bucket_elements};
-      registry_.flatten(parallel::data_parallel_runtime<T, host, Mesh>::layout(dp_options));
-      data_parallel_.emplace(registry_, *mesh_, dp_options);
-      data_parallel_->own_optimizer_state(optimizer_);
+      using runtime_type = parallel::data_parallel_runtime<T, host, Mesh>;
+      if constexpr (is_pipelined) {
+        registry_.flatten(runtime_type::layout(dp_options));
+      } else {
+        registry_.flatten(
+            runtime_type::layout(dp_options, model_.model.stage().piece_parameters()));
+      }
+      data_parallel_.emplace(registry_, *mesh_, exec_, dp_options);
+      for (const auto& owned : data_parallel_->optimizer_ranges())
+        optimizer_.own(owned.name, owned.range, owned.gradient, owned.value);
+      if constexpr (!is_pipelined) {
+        if (dp_options.zero_stage == 3)
+          model_.model.stage().on_parameter_access(data_parallel_->parameter_access());
+      }
       // A rank holding the first and the last stage (a V-shaped map) keeps one tied table that
       // both stages' backwards complete, in either order: it is left unannounced, and its bucket
       // reduced after the last backward (finish_reduction).
@@ -293,8 +304,12 @@ class trainer {
     // split and wherever its padding falls. Every rank knows the count before the first backward
     // (summed over dp above). The data-parallel runtime settles a failed step's reductions before
     // zero_grad touches the buffers they read.
-    if constexpr (is_data_parallel) data_parallel_->begin_step(static_cast<int>(micro.size()));
-    registry_.zero_grad();
+    if constexpr (is_data_parallel) {
+      data_parallel_->begin_step(static_cast<int>(micro.size()));
+      data_parallel_->zero_grad();
+    } else {
+      registry_.zero_grad();
+    }
     const double scale = 1.0 / static_cast<double>(counted);
     double loss_sum = 0.0;
     std::int64_t scored = 0;
@@ -403,8 +418,45 @@ class trainer {
   // The rank's pipeline: its stages, the runtime (the schedule, what the last step measured).
   auto& pipeline() requires is_pipelined { return model_.pipeline; }
   nn::parameter_registry<T, host>& parameters() { return registry_; }
+  // While the returned guard lives, every parameter this rank holds has its values (ZeRO-3 keeps
+  // only shards between steps: they are gathered, and dropped again with the guard). Every rank
+  // takes it at the same point; no step runs under it.
+  [[nodiscard]] auto whole_parameters() {
+    struct guard {
+      trainer* owner;
+      explicit guard(trainer* t) : owner(t) {
+        if constexpr (is_data_parallel) owner->data_parallel_->gather_whole_model();
+      }
+      guard(const guard&) = delete;
+      guard& operator=(const guard&) = delete;
+      ~guard() {
+        if constexpr (is_data_parallel) owner->data_parallel_->release_whole_model();
+      }
+    };
+    return guard(this);
+  }
   const training_options& options() const { return options_; }
   const optim::adamw<T, host>& optimizer() const { return optimizer_; }
+  optim::adamw<T, host>& optimizer() { return optimizer_; }
+  using value_type = T;
+  using plan_type = Plan;
+  using mesh_type = Mesh;
+  // The ZeRO stage of the plan's data parallelism (0 without it).
+  static constexpr int zero_stage = [] {
+    if constexpr (is_data_parallel) {
+      return zero_stage_of<typename Plan::template style<parallel::strategy::data>>;
+    } else {
+      return 0;
+    }
+  }();
+  // Continue as if `step` steps had been taken (a checkpoint restored the parameters and the
+  // optimizer's moments): the next step is `step`, and AdamW's bias correction counts from it.
+  void resume_at(std::int64_t step) {
+    QUINTET_CHECK(step >= 0 && step <= options_.steps,
+                  "training: resuming at step {} of a run of {} steps", step, options_.steps);
+    next_step_ = step;
+    optimizer_.restore_steps(step);
+  }
   // Data parallelism's state (buckets, memory, the last step's reduction timeline).
   auto& data_parallel() requires is_data_parallel { return *data_parallel_; }
   // What a decoder over the trained parameters needs (nn::gpt_decoder): the model's

@@ -1,13 +1,12 @@
 // zero<Stage>: data parallelism with ZeRO stage 0 (DDP: replicated optimizer) .. 3 (FSDP:
 // parameters sharded), the style of parallel::dp<...>. Each dp rank trains on its own rows of the
 // batch and leaves every gradient partial over dp; data_parallel_runtime.hpp reduces them and
-// shards the optimizer (stages 0, 1, 2). zero<3> is not implemented: a plan naming it does not
-// compile.
+// shards the optimizer (stages 1, 2), and the parameters between uses (stage 3).
 //
 //   dp = 2, batch 8:   rank 0 rows 0..3, rank 1 rows 4..7; each a whole model replica
 //   zero<1>: optimizer state of a flat bucket split   [ rank 0 | rank 1 ]  (flat_sharding)
 //   zero<2>: + gradients reduce-scattered to the same ranges
-//   zero<3>: + parameters themselves, gathered per layer before use
+//   zero<3>: + the parameters themselves, gathered per layer before use
 #pragma once
 
 #include <quintet/mesh/mesh_axis.hpp>
@@ -30,7 +29,6 @@ template <int Stage>
 struct strategy_traits<zero<Stage>> : style_traits_defaults {
   static constexpr strategy kind = strategy::data;
   static constexpr std::string_view name = "zero";
-  static constexpr bool implemented = Stage <= 2;  // zero<3>: parameters sharded, not yet
   static std::string parameters() { return fmt::format("<{}>", Stage); }
   static constexpr mesh_axis_set axes{mesh_axis::dp};
   static constexpr mesh_axis_set batch_split_axes{mesh_axis::dp};

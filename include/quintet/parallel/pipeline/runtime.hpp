@@ -25,8 +25,12 @@
 //   RETURN  the partner sends the buffer back
 //   RELOAD  the owner receives it into a buffer its manifest sizes; the backward that needs the
 //           context waits for it and unpacks
+// Each run starts with a pp barrier and times every compute action (run_stats: starts, ends);
+// measured_timeline() gathers every rank's times into the simulator's format, so chrome_trace
+// draws the measured step as it draws the predicted one.
 #pragma once
 
+#include <quintet/comm/all_reduce_from_host.hpp>
 #include <quintet/comm/comm_request.hpp>
 #include <quintet/comm/communicator.hpp>
 #include <quintet/core/error.hpp>
@@ -36,11 +40,14 @@
 #include <quintet/nn/stage.hpp>
 #include <quintet/parallel/pipeline/action.hpp>
 #include <quintet/parallel/pipeline/schedule.hpp>
+#include <quintet/parallel/pipeline/simulator.hpp>
 #include <quintet/parallel/pipeline/verifier.hpp>
 #include <quintet/tensor/copy.hpp>
+#include <quintet/tensor/fill.hpp>
 #include <quintet/tensor/tensor.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <concepts>
 #include <cstddef>
 #include <deque>
@@ -70,6 +77,9 @@ struct run_stats {
   std::size_t peak_context_bytes = 0;  // most bytes those contexts held at once
   int batches_posted = 0;              // exchange_async calls (consecutive transfers share one)
   int contexts_moved = 0;              // contexts this rank sent away (EVICT, RETURN)
+  // When each compute action of the rank's list started and ended, in seconds since the run
+  // began (index: the action's place in the list; transfers stay 0).
+  std::vector<double> starts, ends;
 };
 
 template <transferable_stage Stage, communicator Comm>
@@ -132,6 +142,13 @@ class runtime {
                   "pipeline runtime: every link (input, gradient, boundary_shape) must be given");
     stats_ = {};
     const int micro_batches = schedule_.micro_batches;
+    // Every rank starts its clock at the same moment (as near as a barrier makes it), so the
+    // measured timelines of different ranks line up.
+    pp_->barrier();
+    const auto began = std::chrono::steady_clock::now();
+    const auto since = [&] {
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+    };
     const int last = schedule_.stages() - 1;
     const bool scores = local_[static_cast<std::size_t>(last)] >= 0;
     std::vector<std::optional<output_type>> results(scores ? static_cast<std::size_t>(micro_batches)
@@ -142,6 +159,8 @@ class runtime {
     std::deque<batch> batches;
     std::size_t oldest_open = 0;  // batches before it are done
     const std::vector<action>& list = schedule_.on(pp_->rank());
+    stats_.starts.assign(list.size(), 0.0);
+    stats_.ends.assign(list.size(), 0.0);
 
     std::size_t i = 0;
     while (i < list.size()) {
@@ -153,10 +172,12 @@ class runtime {
       } else {
         // A pair's forward takes its context before its backward frees the other: measured
         // between the halves, as the verifier counts it.
+        stats_.starts[i] = since();
         for (const action& half : halves(list[i])) {
           compute(half, i, slots, batches, results, link);
           measure(slots, accepted);
         }
+        stats_.ends[i] = since();
         ++i;
       }
       measure(slots, accepted);
@@ -180,6 +201,38 @@ class runtime {
   const std::vector<int>& stages() const { return held_; }
   // What the last run measured.
   const run_stats& stats() const { return stats_; }
+
+  // The last run's compute actions on every rank with their measured start and end, in
+  // milliseconds, as a simulation's timeline (chrome_trace draws it as it draws a prediction;
+  // no transfers). Collective over the pp ranks: every rank gets every rank's times.
+  simulation measured_timeline() const {
+    const int ranks = schedule_.ranks();
+    std::vector<std::size_t> first(static_cast<std::size_t>(ranks) + 1, 0);
+    for (int r = 0; r < ranks; ++r)
+      first[static_cast<std::size_t>(r) + 1] =
+          first[static_cast<std::size_t>(r)] + schedule_.on(r).size();
+    // Each rank's (start, end) pairs in its slot of one buffer; summed over pp, every slot full.
+    quintet::tensor<double, host> times(shape{static_cast<std::int64_t>(2 * first.back())});
+    fill(times, 0.0);
+    const std::size_t mine = first[static_cast<std::size_t>(pp_->rank())];
+    for (std::size_t i = 0; i < stats_.starts.size(); ++i) {
+      times(static_cast<std::int64_t>(2 * (mine + i))) = 1e3 * stats_.starts[i];
+      times(static_cast<std::int64_t>(2 * (mine + i) + 1)) = 1e3 * stats_.ends[i];
+    }
+    all_reduce_from_host(*pp_, times, reduce_op::sum);
+    simulation out;
+    out.timeline.resize(static_cast<std::size_t>(ranks));
+    for (int r = 0; r < ranks; ++r) {
+      const auto& list = schedule_.on(r);
+      for (std::size_t i = 0; i < list.size(); ++i) {
+        if (is_transfer(list[i].kind)) continue;
+        const auto at = static_cast<std::int64_t>(2 * (first[static_cast<std::size_t>(r)] + i));
+        out.timeline[static_cast<std::size_t>(r)].push_back({list[i], times(at), times(at + 1)});
+        out.makespan = std::max(out.makespan, times(at + 1));
+      }
+    }
+    return out;
+  }
 
  private:
   using key = std::pair<int, int>;  // (global stage, micro-batch)

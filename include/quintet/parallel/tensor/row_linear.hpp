@@ -68,6 +68,16 @@ class row_linear {
     return reduce(linear_.forward_kept(ctx, kept));
   }
 
+  // The forward without keeping x, for a caller that recomputes x in backward and then refers the
+  // layer to it (refer_input), as nn::linear's apply and refer_input.
+  quintet::tensor<T, Device> apply(tensor_view<const T, Device> x) {
+    return reduce(linear_.apply(x));
+  }
+  void refer_input(nn::context<Device>& ctx, const std::string& kept) {
+    linear_.refer_input(ctx, kept);
+  }
+  void drop_input(nn::context<Device>& ctx) { linear_.drop_input(ctx); }
+
   // dy (..., out), the same on every tp rank -> dx (..., in / tp).
   // Sequence-sharded: dy (batch, seq / tp, out), this rank's block -> dx (batch, seq, in / tp).
   quintet::tensor<T, Device> backward(nn::context<Device>& ctx, tensor_view<const T, Device> dy) {
