@@ -1,15 +1,19 @@
 // Checkpoints of the trainer under plans: a run stopped, saved and resumed continues bit for bit;
 // a checkpoint saved under one plan loads under another (each rank reads the overlapping shards)
 // and, saved again at once, is the same checkpoint tensor for tensor, bit for bit; training then
-// continues within the parity tolerance of the run that wrote it.
+// continues within the parity tolerance of the run that wrote it. A mixture-of-experts model under
+// ep 2 (each rank holding half the experts) saves and loads into the serial MoE model, and back.
 #include <catch2/catch.hpp>
 
 #include "../checkpoint/temp_directory.hpp"
 #include "../parallel/gpt_parity.hpp"
 
+#include <quintet/checkpoint/plain_export.hpp>
 #include <quintet/comm/thread_comm.hpp>
 #include <quintet/parallel/data/zero.hpp>
+#include <quintet/parallel/expert/top_k.hpp>
 #include <quintet/train/checkpointing.hpp>
+#include <quintet/train/parity.hpp>
 
 #include <cmath>
 #include <vector>
@@ -25,6 +29,17 @@ namespace ckpt = quintet::checkpoint;
 template <int Stage>
 using dp_plan = quintet::plan<par::dp<par::zero<Stage>>>;
 using pp_plan = quintet::plan<par::dp<par::zero<0>>, par::pp<par::named_schedule>>;
+using ep_plan = quintet::plan<par::dp<par::zero<0>>, par::ep<par::top_k<2>>>;
+
+// The parity model with 4 experts (top-2, with drops) in every block.
+quintet::nn::gpt_config moe_config() {
+  quintet::nn::gpt_config model = config;
+  model.experts = 4;
+  model.top_k = 2;
+  model.moe_every = 1;
+  model.capacity_factor = 1.0;
+  return model;
+}
 
 // 6 steps of a global batch of 8 in 2 micro-batches (dp 4 keeps a row per micro-batch).
 train::training_options options() {
@@ -46,7 +61,8 @@ struct run_spec {
 };
 
 template <class Plan>
-std::vector<double> run(quintet::mesh_degrees degrees, const run_spec& spec) {
+std::vector<double> run(quintet::mesh_degrees degrees, const run_spec& spec,
+                        const quintet::nn::gpt_config& model = config) {
   std::vector<double> losses;
   const auto body = [&](auto& trainer, bool first) {
     if (!spec.resume.empty())
@@ -63,7 +79,7 @@ std::vector<double> run(quintet::mesh_degrees degrees, const run_spec& spec) {
   };
   const quintet::execution<host> exec(1);
   if constexpr (std::is_same_v<Plan, quintet::serial_plan>) {
-    train::trainer<float, quintet::markov_source> trainer(source, config, options(), exec);
+    train::trainer<float, quintet::markov_source> trainer(source, model, options(), exec);
     body(trainer, true);
   } else {
     const int world = degrees.dp * degrees.pp * degrees.tp * degrees.sp;
@@ -72,7 +88,7 @@ std::vector<double> run(quintet::mesh_degrees degrees, const run_spec& spec) {
       using mesh_type = quintet::device_mesh<quintet::thread_comm>;
       mesh_type mesh(comm, degrees);
       train::trainer<float, quintet::markov_source, Plan, mesh_type> trainer(
-          source, config, options(), rank_exec, &mesh);
+          source, model, options(), rank_exec, &mesh);
       body(trainer, comm.rank() == 0);
     });
   }
@@ -112,13 +128,14 @@ void require_close(const std::vector<double>& expected, const std::vector<double
 }  // namespace
 
 TEST_CASE("a run saved and resumed continues bit for bit", "[parity][checkpoint]") {
-  const auto check = [](auto plan, quintet::mesh_degrees degrees) {
+  const auto check = [](auto plan, quintet::mesh_degrees degrees,
+                        const quintet::nn::gpt_config& model = config) {
     using Plan = typename decltype(plan)::type;
     temp_directory straight_dir, stopped_dir, resumed_dir;
-    const auto straight = run<Plan>(degrees, {.save = straight_dir.path(), .save_at = 6});
-    run<Plan>(degrees, {.save = stopped_dir.path(), .save_at = 3});
+    const auto straight = run<Plan>(degrees, {.save = straight_dir.path(), .save_at = 6}, model);
+    run<Plan>(degrees, {.save = stopped_dir.path(), .save_at = 3}, model);
     const auto resumed = run<Plan>(
-        degrees, {.resume = stopped_dir.path(), .save = resumed_dir.path(), .save_at = 6});
+        degrees, {.resume = stopped_dir.path(), .save = resumed_dir.path(), .save_at = 6}, model);
     REQUIRE(straight.size() == 6);
     REQUIRE(resumed == std::vector<double>(straight.begin() + 3, straight.end()));
     require_same_checkpoints(straight_dir.path(), resumed_dir.path());
@@ -127,17 +144,28 @@ TEST_CASE("a run saved and resumed continues bit for bit", "[parity][checkpoint]
   SECTION("dp 2, ZeRO-3") { check(std::type_identity<dp_plan<3>>{}, {.dp = 2}); }
   SECTION("tp 2") { check(std::type_identity<tp_plan>{}, {.tp = 2}); }
   SECTION("dp 2 x pp 2 (1f1b)") { check(std::type_identity<pp_plan>{}, {.dp = 2, .pp = 2}); }
+  SECTION("MoE, ep 2") { check(std::type_identity<ep_plan>{}, {.dp = 2, .ep = 2}, moe_config()); }
 }
 
 namespace {
 
 // Saved under A after 3 steps, loaded under B and saved again at once: the same checkpoint; the
 // steps after it under B within the parity tolerance of A's.
+// A MoE model's serial run routes in the dp ranks' row blocks (train::serial_model_for), so its
+// steps match the parallel run's.
 template <class A, class B>
-void check_reshard(quintet::mesh_degrees a, quintet::mesh_degrees b) {
+void check_reshard(quintet::mesh_degrees a, quintet::mesh_degrees b,
+                   const quintet::nn::gpt_config& model = config) {
+  const quintet::mesh_degrees routing = a.dp > 1 ? a : b;  // the serial side routes as the other
+  const auto model_of = [&](const quintet::mesh_degrees& degrees) {
+    return degrees.dp * degrees.pp * degrees.tp * degrees.sp == 1
+               ? train::serial_model_for(model, routing)
+               : model;
+  };
   temp_directory saved, resaved;
-  const auto under_a = run<A>(a, {.save = saved.path(), .save_at = 3});
-  const auto under_b = run<B>(b, {.resume = saved.path(), .save = resaved.path(), .save_at = 3});
+  const auto under_a = run<A>(a, {.save = saved.path(), .save_at = 3}, model_of(a));
+  const auto under_b =
+      run<B>(b, {.resume = saved.path(), .save = resaved.path(), .save_at = 3}, model_of(b));
   require_same_checkpoints(saved.path(), resaved.path());
   require_close(std::vector<double>(under_a.begin() + 3, under_a.end()), under_b);
 }
@@ -161,6 +189,10 @@ TEST_CASE("a checkpoint saved under one plan loads under another", "[parity][che
     check_reshard<pp_plan, dp_plan<3>>({.dp = 2, .pp = 2}, {.dp = 4});
     check_reshard<dp_plan<3>, pp_plan>({.dp = 4}, {.dp = 2, .pp = 2});
   }
+  SECTION("MoE: ep 2 (experts split over the ranks) -> serial MoE, and back") {
+    check_reshard<ep_plan, quintet::serial_plan>({.dp = 2, .ep = 2}, {}, moe_config());
+    check_reshard<quintet::serial_plan, ep_plan>({}, {.dp = 2, .ep = 2}, moe_config());
+  }
   SECTION("Megatron-SP tp 2 x dp 2 ZeRO-2 -> serial") {
     using msp =
         quintet::plan<par::dp<par::zero<2>>, par::tp<par::megatron_1d>, par::sp<par::megatron_sp>>;
@@ -179,4 +211,98 @@ TEST_CASE("a checkpoint of another model is refused, naming the tensor", "[check
   REQUIRE_THROWS_WITH(
       train::load_checkpoint(trainer, ckpt::checkpoint_directory(saved.path()).open_latest()),
       Catch::Contains("embedding.token_weight") && Catch::Contains("shape"));
+}
+
+TEST_CASE("a checkpoint exports as one plain safetensors file of the serial model's tensors",
+          "[parity][checkpoint]") {
+  temp_directory saved, exported;
+  run<tp_plan>({.tp = 2}, {.save = saved.path(), .save_at = 2});
+  const auto reader = ckpt::checkpoint_directory(saved.path()).open_latest();
+  const auto file = exported.path() / "model.safetensors";
+  const std::size_t written = ckpt::export_plain(reader, file, [](std::string_view name) {
+    return !name.ends_with(train::first_moment_suffix) &&
+           !name.ends_with(train::second_moment_suffix);
+  });
+  const ckpt::safetensors_file plain(file);
+  REQUIRE(plain.metadata_value(ckpt::shard_metadata_key) == nullptr);
+  // Every parameter of the serial model, whole, under its name and logical shape (the tied table
+  // (vocab, d), not tp's padded rows), with the bits the shards hold.
+  const quintet::execution<host> exec(1);
+  train::trainer<float, quintet::markov_source> serial(source, config, options(), exec);
+  REQUIRE(written == serial.parameters().size());
+  for (const auto& p : serial.parameters()) {
+    INFO(p.name);
+    const auto& entry = plain.entry(p.name);
+    const auto logical = p.placement.logical_shape(p.global_shape);
+    REQUIRE(entry.shape.size() == static_cast<std::size_t>(logical.rank()));
+    for (int d = 0; d < logical.rank(); ++d)
+      CHECK(entry.shape[static_cast<std::size_t>(d)] == static_cast<std::uint64_t>(logical[d]));
+    CHECK(plain.read<float>(p.name) ==
+          reader.read<float>(p.name, ckpt::box::whole(reader.index().tensor(p.name).shape)));
+  }
+}
+
+TEST_CASE("a flat range of a block is cut into boxes contiguous in memory, covering it once",
+          "[checkpoint]") {
+  // Every range of blocks of rank 1 to 3 (offset inside a larger global tensor, some with padding
+  // rows beyond the logical shape): the boxes, walked in memory order from their offsets, visit
+  // each element of the range exactly once, at its own global coordinates.
+  std::uint64_t seed = 7;
+  const auto next = [&](std::int64_t bound) {
+    seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+    return static_cast<std::int64_t>((seed >> 33) % static_cast<std::uint64_t>(bound));
+  };
+  for (int trial = 0; trial < 300; ++trial) {
+    const int rank = 1 + static_cast<int>(next(3));
+    std::vector<std::int64_t> global(static_cast<std::size_t>(rank)),
+        local(static_cast<std::size_t>(rank)), offsets(static_cast<std::size_t>(rank));
+    for (std::size_t d = 0; d < global.size(); ++d) {
+      local[d] = 1 + next(5);
+      offsets[d] = next(3);
+      global[d] = offsets[d] + local[d] + next(2);
+    }
+    const quintet::shape stored(global);
+    std::vector<std::int64_t> logical_extents = global;
+    logical_extents[0] -= next(2);  // padding rows
+    const quintet::shape logical(logical_extents);
+    quintet::region block(stored);
+    for (int d = 0; d < rank; ++d)
+      block =
+          block.slice(d, offsets[static_cast<std::size_t>(d)],
+                      offsets[static_cast<std::size_t>(d)] + local[static_cast<std::size_t>(d)]);
+    const std::int64_t numel = block.local_shape().numel();
+    std::int64_t begin = next(numel + 1), end = next(numel + 1);
+    if (begin > end) std::swap(begin, end);
+    INFO(fmt::format("trial {}: block {} at {} of {}, range [{}, {})", trial, block.local_shape(),
+                     quintet::shape(offsets), stored, begin, end));
+    std::vector<int> visits(static_cast<std::size_t>(numel), 0);
+    for (const auto& b : train::boxes_of_range(block, logical, {begin, end})) {
+      std::int64_t flat = b.offset;
+      // Walk the box in row-major order; each element's local coordinates give its flat index.
+      const std::uint64_t volume = b.where.volume();
+      for (std::uint64_t i = 0; i < volume; ++i, ++flat) {
+        std::uint64_t rest = i;
+        std::int64_t expected = 0;
+        std::vector<std::uint64_t> at(b.where.rank());
+        for (std::size_t d = b.where.rank(); d-- > 0;) {
+          at[d] = b.where.start[d] + rest % b.where.extent[d];
+          rest /= b.where.extent[d];
+        }
+        for (std::size_t d = 0; d < at.size(); ++d) {
+          REQUIRE(at[d] < static_cast<std::uint64_t>(logical[static_cast<int>(d)]));
+          expected = expected * local[d] + (static_cast<std::int64_t>(at[d]) - offsets[d]);
+        }
+        REQUIRE(expected == flat);
+        REQUIRE(flat >= begin);
+        REQUIRE(flat < end);
+        ++visits[static_cast<std::size_t>(flat)];
+      }
+    }
+    for (std::int64_t i = 0; i < numel; ++i) {
+      // Row-major local index -> the global row it sits in: padding rows are left out.
+      const std::int64_t row = offsets[0] + i / (numel / local[0]);
+      const int expected = i >= begin && i < end && row < logical[0] ? 1 : 0;
+      REQUIRE(visits[static_cast<std::size_t>(i)] == expected);
+    }
+  }
 }

@@ -3,7 +3,11 @@
 // softmax cross-entropy on next-token targets: the model as one stage holding every piece
 // (gpt_stage.hpp cuts it into several). Forward returns the loss sum and count; backward takes the
 // scale of the loss sum (1 / count for the mean, divided again by the micro-batches the mean runs
-// over), whole or as an input pass and a weight pass.
+// over), whole or as an input pass and a weight pass. With mixture-of-experts blocks
+// (gpt_config::experts) the objective also holds each MoE block's auxiliary losses of the forward,
+// times aux_loss_scale (1 by default: the objective of one forward is its mean cross-entropy plus
+// the auxiliary losses; the trainer gives 1 / (micro-batches x dp ranks)); stage().routing() says
+// what the blocks routed.
 //
 // Every rank of a parallel plan is given the whole micro-batch and returns the loss of the whole
 // micro-batch; after backward (and parallel::synchronize_gradients) each rank holds its part of
@@ -44,14 +48,15 @@ class gpt {
         .loss;
   }
 
-  // Accumulates the gradients of loss_scale * (the loss sum of the forward) into the parameters.
-  void backward(context<Device>& ctx, double loss_scale) {
-    stage_.backward(ctx, {.loss_scale = loss_scale});
+  // Accumulates the gradients of loss_scale * (the loss sum of the forward) + aux_loss_scale * (the
+  // MoE blocks' auxiliary losses) into the parameters.
+  void backward(context<Device>& ctx, double loss_scale, double aux_loss_scale = 1.0) {
+    stage_.backward(ctx, {.loss_scale = loss_scale, .aux_loss_scale = aux_loss_scale});
   }
   // The same in two passes (the bits of backward): the input gradients through every layer,
   // keeping what each weight gradient needs, then the weight gradients.
-  void backward_input(context<Device>& ctx, double loss_scale) {
-    stage_.backward_input(ctx, {.loss_scale = loss_scale});
+  void backward_input(context<Device>& ctx, double loss_scale, double aux_loss_scale = 1.0) {
+    stage_.backward_input(ctx, {.loss_scale = loss_scale, .aux_loss_scale = aux_loss_scale});
   }
   void backward_weight(context<Device>& ctx) { stage_.backward_weight(ctx); }
 

@@ -17,6 +17,7 @@
 //                        sp) parameters, with tp's communication only. The sp ranks compute the
 //                        same values, redundantly.
 //   pipeline stages      not supported (a stage holds only some blocks): refused at compile time.
+//   mixture of experts   not supported yet (gpt_config::experts > 0): refused at construction.
 //
 //   forward(cache, tokens (batch, n))  positions [cache.length(), cache.length() + n)
 //     -> logits (batch, n, vocab), the same on every rank; cache.length() grows by n
@@ -86,6 +87,10 @@ class gpt_decoder {
   gpt_decoder(parameter_registry<T, Device>& registry, const execution<Device>& exec,
               const gpt_config& config, Mesh* mesh = nullptr)
       : exec_(exec), config_((config.validate(), config)), mesh_(required(mesh)) {
+    QUINTET_CHECK(config.experts == 0,
+                  "gpt_decoder: the model has mixture-of-experts blocks ({} experts); the decoder "
+                  "runs dense MLP blocks only (MoE generation is not built yet)",
+                  config.experts);
     const int tp = tp_size(mesh_);
     QUINTET_CHECK(config.heads % tp == 0, "gpt_decoder: {} heads do not divide over tp = {}",
                   config.heads, tp);

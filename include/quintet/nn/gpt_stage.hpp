@@ -76,10 +76,42 @@ struct gpt_config {
   // What each block keeps for backward: everything (none), all but the attention core's output
   // and log-sum-exp (selective), or its input only (full); the gradients are the same bits.
   recompute_mode recompute = recompute_mode::none;
+  // Mixture of experts (nn::moe). 0 experts: every block's feed-forward is the dense MLP. E > 0:
+  // block i (counted from 0) holds E experts, MLPs of hidden() units each, when
+  // (i + 1) % moe_every == 0 — every block for 1; blocks 1, 3, 5, ... for 2 (every other block, as
+  // GShard and Switch); the others stay dense. Each token goes to its top_k experts, at most
+  // ceil(capacity_factor x tokens x top_k / E) tokens per expert and routing group (0: dropless),
+  // the excess dropped by `drop`. The auxiliary losses — aux_loss_coef x Switch's load-balancing
+  // loss and z_loss_coef x the router z-loss — are added to the objective (gpt_stage_gradient).
+  // routing_groups: each forward's tokens are routed as this many equal groups of batch rows, each
+  // with its own capacity and auxiliary losses (GShard's groups); with dp data-parallel ranks a
+  // serial model of routing_groups = dp routes a micro-batch exactly as the ranks do their rows.
+  std::int64_t experts = 0;
+  std::int64_t top_k = 2;
+  std::int64_t moe_every = 2;
+  double capacity_factor = 1.25;
+  kernels::drop_order drop = kernels::drop_order::lowest_probability;
+  double aux_loss_coef = 0.01;
+  double z_loss_coef = 0.001;
+  std::int64_t routing_groups = 1;
 
   std::int64_t hidden() const { return mlp_hidden == 0 ? 4 * d_model : mlp_hidden; }
   // The embedding, every block, the head.
   std::int64_t pieces() const { return layers + 2; }
+  // Whether block `index` (from 0) is a mixture of experts.
+  bool is_moe_block(std::int64_t index) const {
+    return experts > 0 && (index + 1) % moe_every == 0;
+  }
+  // The MoE layer's options of a MoE block.
+  moe_options moe() const {
+    return {.experts = experts,
+            .top_k = top_k,
+            .capacity_factor = capacity_factor,
+            .drop = drop,
+            .load_balancing_coef = aux_loss_coef,
+            .z_loss_coef = z_loss_coef,
+            .groups = routing_groups};
+  }
 
   void validate() const {
     QUINTET_CHECK(vocab >= 2, "gpt: vocabulary of {} tokens, need at least 2", vocab);
@@ -90,6 +122,22 @@ struct gpt_config {
     QUINTET_CHECK(d_model % heads == 0, "gpt: {} heads do not divide d_model {}", heads, d_model);
     QUINTET_CHECK(mlp_hidden >= 0, "gpt: mlp_hidden {} is negative", mlp_hidden);
     QUINTET_CHECK(init_stddev > 0, "gpt: init_stddev {} must be positive", init_stddev);
+    QUINTET_CHECK(experts >= 0, "gpt: {} experts; 0 (dense) or more", experts);
+    if (experts == 0) return;
+    QUINTET_CHECK(top_k >= 1 && top_k <= experts,
+                  "gpt: top-{} routing needs 1 <= top_k <= the {} experts", top_k, experts);
+    QUINTET_CHECK(moe_every >= 1 && moe_every <= layers,
+                  "gpt: MoE in every {}-th block of {} leaves no block with experts; moe_every "
+                  "must be in [1, layers]",
+                  moe_every, layers);
+    QUINTET_CHECK(capacity_factor >= 0 && std::isfinite(capacity_factor),
+                  "gpt: the capacity factor {} must be finite and non-negative (0: dropless)",
+                  capacity_factor);
+    QUINTET_CHECK(aux_loss_coef >= 0 && z_loss_coef >= 0 && std::isfinite(aux_loss_coef) &&
+                      std::isfinite(z_loss_coef),
+                  "gpt: the auxiliary loss coefficients ({}, {}) must be finite and non-negative",
+                  aux_loss_coef, z_loss_coef);
+    QUINTET_CHECK(routing_groups >= 1, "gpt: {} routing groups; at least 1", routing_groups);
   }
 };
 
@@ -123,11 +171,20 @@ struct gpt_stage_output {
 };
 
 // What it is given back: the gradient of its activations from the next stage, or (the last stage)
-// d(objective)/d(loss sum), e.g. 1 / (targets counted in the whole batch).
+// d(objective)/d(loss sum), e.g. 1 / (targets counted in the whole batch); and, on every stage,
+// d(objective)/d(each MoE block's auxiliary losses of this micro-batch): the trainer's objective is
+// the mean over micro-batches and dp ranks, 1 / (micro-batches x dp).
 template <class T, class Device>
 struct gpt_stage_gradient {
   tensor_view<const T, Device> activations{};  // (batch, rows, d); empty on the last stage
   double loss_scale = 1.0;
+  double aux_loss_scale = 1.0;
+};
+
+// One MoE block's routing over the forwards since the last reset (gpt_stage::routing).
+struct block_routing {
+  std::int64_t layer = 0;  // the block's index in the model
+  routing_totals totals;
 };
 
 template <class T, class Device, class Plan = serial_plan, class Mesh = parallel::no_mesh>
@@ -180,8 +237,11 @@ class gpt_stage {
     for (std::int64_t piece = std::max<std::int64_t>(cut_.first_piece, 1);
          piece < std::min(cut_.end_piece, config.layers + 1); ++piece) {
       const std::size_t before = registry.size();
+      block_options block = options;
+      if (config.is_moe_block(piece - 1)) block.moe = config.moe();
       blocks_.push_back(std::make_unique<block_type>(
-          registry, exec, "blocks." + std::to_string(piece - 1), options, mesh));
+          registry, exec, "blocks." + std::to_string(piece - 1), block, mesh));
+      block_layers_.push_back(piece - 1);
       block_parameters_.push_back(registered_since(registry, before));
     }
     const std::size_t before_head = registry.size();
@@ -279,7 +339,7 @@ class gpt_stage {
     const std::int64_t seq = saved(ctx).seq;
     quintet::tensor<T, Device> dx = blocks_backward(
         ctx, gradient, false, [&](block_type& block, tensor_view<const T, Device> dy) {
-          quintet::tensor<T, Device> block_dx = block.backward(ctx, dy);
+          quintet::tensor<T, Device> block_dx = block.backward(ctx, dy, gradient.aux_loss_scale);
           announce(parameters_of(block));
           return block_dx;
         });
@@ -296,7 +356,7 @@ class gpt_stage {
     refuse_split_with_access();
     quintet::tensor<T, Device> dx = blocks_backward(
         ctx, gradient, true, [&](block_type& block, tensor_view<const T, Device> dy) {
-          return block.backward_input(ctx, dy);
+          return block.backward_input(ctx, dy, gradient.aux_loss_scale);
         });
     if (!holds_embedding()) return dx;
     embedding_->backward_input(ctx, dx.view());
@@ -338,6 +398,18 @@ class gpt_stage {
     return piece_uses_;
   }
 
+  // The routing of every MoE block this stage holds, summed over the forwards since
+  // reset_routing() (a block's recomputation is not counted), in layer order; empty when dense.
+  std::vector<block_routing> routing() const {
+    std::vector<block_routing> out;
+    for (std::size_t i = 0; i < blocks_.size(); ++i)
+      if (blocks_[i]->is_moe()) out.push_back({block_layers_[i], blocks_[i]->routing()});
+    return out;
+  }
+  void reset_routing() {
+    for (auto& block : blocks_) block->reset_routing();
+  }
+
   bool holds_embedding() const { return cut_.first_piece == 0; }
   bool holds_head() const { return cut_.end_piece == config_.pieces(); }
   const stage_cut& cut() const { return cut_; }
@@ -349,7 +421,9 @@ class gpt_stage {
             .heads = config.heads,
             .hidden = config.hidden(),
             .vocab = config.vocab,
-            .layers = config.layers};
+            .layers = config.layers,
+            .experts = config.experts,
+            .top_k = config.experts > 0 ? config.top_k : 0};
   }
 
   static stage_cut checked_cut(stage_cut cut, const gpt_config& config) {
@@ -591,6 +665,7 @@ class gpt_stage {
   std::optional<embedding<T, Device, Plan, Mesh>> embedding_;
   std::optional<layer_norm<T, Device>> final_norm_;
   std::vector<std::unique_ptr<block_type>> blocks_;
+  std::vector<std::int64_t> block_layers_;            // each block's index in the model
   std::optional<typename projections::column> head_;  // only when the weights are not tied
   parameter<T, Device>* tied_table_ = nullptr;        // the last stage's copy of the table
   // The parameters each piece registered: what a piece's backward completes.

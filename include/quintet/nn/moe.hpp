@@ -11,7 +11,11 @@
 //
 // Parameters: <name>.router.weight (E, d); <name>.experts.<e>.fc.weight (hidden, d), .fc.bias,
 // .proj.weight (d, hidden), .proj.bias. The router's auxiliary losses (load balancing and z) are
-// in statistics() after forward and their gradients enter backward.
+// in statistics() after forward and their gradients enter backward (times aux_loss_scale).
+//
+// Routing groups (moe_options::groups, router.hpp): the serial layer may route its tokens as G
+// equal consecutive groups; the grouped products then run over (group, expert), group-major, as
+// under ep over (source rank, local expert).
 //
 // Under parallel::ep<top_k<K>> (docs/expert_parallel.md) each ep rank routes its own tokens (ep
 // subdivides dp) with its own capacity and auxiliary losses (Switch's per-device statistics), and
@@ -59,6 +63,7 @@ struct moe_options {
   double z_loss_coef = 0.001;
   double init_stddev = 0.02;       // router and fc weights
   double proj_init_stddev = 0.02;  // proj weights (a GPT scales them by 1/sqrt(2 layers))
+  std::int64_t groups = 1;         // routing groups per forward (1 under ep)
 };
 
 template <class T, class Device, class Plan = serial_plan, class Mesh = parallel::no_mesh>
@@ -66,12 +71,10 @@ class moe {
   static_assert(parallel::mesh_for<Mesh, Plan>,
                 "nn::moe<T, Device, Plan, Mesh>: a parallel plan needs a device mesh type "
                 "(Mesh = device_mesh<Comm>), not parallel::no_mesh");
-  static_assert(!parallel::uses_tensor_parallel<Plan>,
-                "nn::moe: experts split column/row over tensor parallelism are not built yet "
-                "(issue 13); use expert parallelism, parallel::ep<top_k<K>>, without tp<...>");
+  // Experts split column/row over tp, and tokens split over a sequence-parallel group, are not
+  // built yet: a plan with tp<...> or sp<...> is accepted at degree 1 only (checked at
+  // construction), where every rank sees whole activations, as the serial layer does.
   static constexpr bool expert_parallel = parallel::uses_expert_parallel<Plan>;
-  static_assert(!expert_parallel || !Plan::template has<parallel::strategy::sequence>,
-                "nn::moe: expert parallelism with sequence parallelism is not proven yet");
   using exchange_type = typename parallel::expert_exchange_for<Plan, Mesh>::type;
 
  public:
@@ -91,9 +94,14 @@ class moe {
                  .drop = options.drop,
                  .load_balancing_coef = options.load_balancing_coef,
                  .z_loss_coef = options.z_loss_coef,
-                 .init_stddev = options.init_stddev}) {
+                 .init_stddev = options.init_stddev,
+                 .groups = options.groups}) {
     QUINTET_CHECK(d_model > 0 && hidden > 0, "moe '{}': d_model {} and hidden {} must be positive",
                   name_, d_model, hidden);
+    QUINTET_CHECK(!expert_parallel || options.groups == 1,
+                  "moe '{}': {} routing groups under expert parallelism; each ep rank routes its "
+                  "own tokens as one group",
+                  name_, options.groups);
     const parallel::expert_ownership own = ownership();
     // This rank's experts, under their global names; under ep owned by this ep rank.
     const parallel::placement where =
@@ -245,6 +253,16 @@ class moe {
     ctx.erase(name_ + ".fc_output_grad");
   }
 
+  // After the input pass, for a caller that will not run this micro-batch's backward again (a
+  // recomputing block whose weight pass may come later): erases what only the input pass reads —
+  // the experts' outputs and fc outputs, the router's probabilities and choices. Kept: the counts
+  // (the weight pass's groups), the experts' inputs and GELU outputs, the router's input.
+  void drop_input_pass_tensors(context<Device>& ctx) {
+    for (const char* entry : {".expert_output", ".fc_output"}) ctx.erase(name_ + entry);
+    for (const char* entry : {".probs", ".lse", ".expert", ".gate", ".position", ".routed"})
+      ctx.erase(router_.name() + entry);
+  }
+
   // The last forward's routing: tokens per expert (before and after capacity), the dropped
   // fraction, and the auxiliary losses with their coefficients.
   const routing_statistics& statistics() const { return last_; }
@@ -284,6 +302,13 @@ class moe {
   // the exchange over the mesh's ep group.
   static exchange_type make_exchange(const std::string& name, Mesh* mesh, std::int64_t d_model,
                                      std::int64_t hidden, const moe_options& options) {
+    if constexpr (mesh_like<Mesh>) {
+      QUINTET_CHECK(mesh == nullptr || (mesh->degrees().tp == 1 && mesh->degrees().sp == 1),
+                    "moe '{}': experts split over tensor parallelism (tp = {}) or tokens over "
+                    "sequence parallelism (sp = {}) are not built yet; a mixture-of-experts layer "
+                    "needs tp = sp = 1 (use ep to split the experts)",
+                    name, mesh->degrees().tp, mesh->degrees().sp);
+    }
     if constexpr (expert_parallel) {
       QUINTET_CHECK(mesh != nullptr, "moe '{}': a plan with ep<...> needs the device mesh", name);
       using style = typename Plan::template style<parallel::strategy::expert>;

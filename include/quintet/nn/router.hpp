@@ -4,10 +4,16 @@
 // probability itself, as Switch), and at most `capacity` tokens per expert. It also computes the
 // two auxiliary losses and, in backward, adds their gradients to the gates' gradient.
 //
+// Routing groups (GShard's groups): with `groups` = G the tokens of a forward are cut into G equal
+// consecutive groups, each routed on its own — its own capacity (from the group's tokens) and its
+// own auxiliary losses, averaged over the groups. The permuted buffer holds group 0's rows by
+// expert, then group 1's, ...: what G separate calls would route, in one call. A serial model with
+// G = dp routes a micro-batch exactly as dp ranks routing their rows each do (train/parity.hpp).
+//
 // What one forward decides is kept in the context (host tensors, read by the MoE layer):
 //   <name>.probs (tokens, E)      <name>.lse (tokens)
 //   <name>.expert (tokens, k) i32 <name>.gate (tokens, k)   <name>.position (tokens, k) i32
-//   <name>.routed (E) i64         <name>.kept (E) i64
+//   <name>.routed (G, E) i64      <name>.kept (G, E) i64
 #pragma once
 
 #include <quintet/core/error.hpp>
@@ -17,6 +23,8 @@
 #include <quintet/nn/linear.hpp>
 #include <quintet/nn/parameter.hpp>
 #include <quintet/tensor/device.hpp>
+#include <quintet/tensor/reshape.hpp>
+#include <quintet/tensor/slice.hpp>
 #include <quintet/tensor/tensor.hpp>
 
 #include <algorithm>
@@ -40,19 +48,21 @@ struct router_options {
   double load_balancing_coef = 0.01;  // Switch's alpha
   double z_loss_coef = 0.001;         // ST-MoE's router z-loss coefficient
   double init_stddev = 0.02;
+  std::int64_t groups = 1;  // routing groups per forward (each its own capacity and losses)
 };
 
 // What one forward routed, and its auxiliary losses (coefficients applied).
 struct routing_statistics {
   std::int64_t tokens = 0;
   std::int64_t k = 0;
-  std::int64_t capacity = 0;         // per expert; 0: dropless
+  std::int64_t groups = 1;           // routing groups, tokens / groups each
+  std::int64_t capacity = 0;         // per expert and group; 0: dropless
   std::vector<std::int64_t> routed;  // assignments per expert, before capacity
   std::vector<std::int64_t> kept;    // tokens per expert, after capacity
   std::int64_t dropped_assignments = 0;
   std::int64_t dropped_tokens = 0;  // tokens dropped by every expert they chose
-  double load_balancing_loss = 0;   // coef x experts x sum_e f_e P_e
-  double z_loss = 0;                // coef x mean_t lse_t^2
+  double load_balancing_loss = 0;   // coef x experts x sum_e f_e P_e (mean over the groups)
+  double z_loss = 0;                // coef x mean_t lse_t^2 (mean over the groups)
 
   double aux_loss() const { return load_balancing_loss + z_loss; }
   std::int64_t assignments() const { return tokens * k; }
@@ -67,6 +77,39 @@ struct routing_statistics {
   }
   std::int64_t max_load() const {
     return kept.empty() ? 0 : *std::max_element(kept.begin(), kept.end());
+  }
+};
+
+// What a layer routed over several forwards (a training step's micro-batches), summed: the loads
+// and drops, and the auxiliary losses of every call (their mean is the sum over calls).
+struct routing_totals {
+  std::int64_t calls = 0;
+  std::int64_t tokens = 0;
+  std::int64_t assignments = 0;  // tokens x k
+  std::int64_t dropped_assignments = 0;
+  std::int64_t dropped_tokens = 0;
+  std::vector<std::int64_t> routed, kept;  // per expert
+  double load_balancing_loss = 0, z_loss = 0;
+
+  void add(const routing_statistics& s) {
+    if (routed.empty()) {
+      routed.assign(s.routed.size(), 0);
+      kept.assign(s.kept.size(), 0);
+    }
+    QUINTET_CHECK(routed.size() == s.routed.size() && kept.size() == s.kept.size(),
+                  "routing totals: {} experts, then a call routing to {}", routed.size(),
+                  s.routed.size());
+    ++calls;
+    tokens += s.tokens;
+    assignments += s.assignments();
+    dropped_assignments += s.dropped_assignments;
+    dropped_tokens += s.dropped_tokens;
+    for (std::size_t e = 0; e < routed.size(); ++e) {
+      routed[e] += s.routed[e];
+      kept[e] += s.kept[e];
+    }
+    load_balancing_loss += s.load_balancing_loss;
+    z_loss += s.z_loss;
   }
 };
 
@@ -103,12 +146,17 @@ class router {
   router(parameter_registry<T, Device>&, const execution<Device>&&, std::string, std::int64_t,
          const router_options&) = delete;
 
-  // x (tokens, d): routes every token, keeps the decisions in the context, returns the load and
-  // the auxiliary losses.
+  // x (tokens, d): routes every token (group by group), keeps the decisions in the context,
+  // returns the load and the auxiliary losses.
   routing_statistics forward(context<Device>& ctx, tensor_view<const T, Device> x) {
     QUINTET_CHECK(x.rank() == 2, "router '{}': x has shape {}; (tokens, d_model) is needed", name_,
                   x.shape());
     const std::int64_t tokens = x.shape()[0], experts = options_.experts, k = options_.top_k;
+    const std::int64_t groups = options_.groups;
+    QUINTET_CHECK(tokens % groups == 0,
+                  "router '{}': {} tokens do not split into {} equal routing groups", name_, tokens,
+                  groups);
+    const std::int64_t group_tokens = tokens / groups;
     const quintet::tensor<T, Device> logits = linear_.forward(ctx, x);  // (tokens, E)
     auto& probs = ctx.template save<T>(name_ + ".probs", shape{tokens, experts});
     auto& lse = ctx.template save<T>(name_ + ".lse", shape{tokens});
@@ -116,43 +164,79 @@ class router {
     auto& expert = ctx.template save<std::int32_t>(name_ + ".expert", shape{tokens, k});
     auto& gate = ctx.template save<T>(name_ + ".gate", shape{tokens, k});
     auto& position = ctx.template save<std::int32_t>(name_ + ".position", shape{tokens, k});
-    auto& routed = ctx.template save<std::int64_t>(name_ + ".routed", shape{experts});
-    auto& kept = ctx.template save<std::int64_t>(name_ + ".kept", shape{experts});
-    const std::int64_t capacity = this->capacity(tokens);
-    kernels::route_top_k(exec_, probs, expert, gate, position, routed, kept,
-                         {.k = k, .capacity = capacity, .drop = options_.drop});
-    const auto losses = kernels::router_losses(exec_, probs, lse, routed, k);
+    auto& routed = ctx.template save<std::int64_t>(name_ + ".routed", shape{groups, experts});
+    auto& kept = ctx.template save<std::int64_t>(name_ + ".kept", shape{groups, experts});
+    const std::int64_t capacity = this->capacity(group_tokens);
 
     routing_statistics stats;
     stats.tokens = tokens;
     stats.k = k;
+    stats.groups = groups;
     stats.capacity = capacity;
-    stats.routed.assign(routed.data(), routed.data() + experts);
-    stats.kept.assign(kept.data(), kept.data() + experts);
+    stats.routed.assign(static_cast<std::size_t>(experts), 0);
+    stats.kept.assign(static_cast<std::size_t>(experts), 0);
+    double load_balancing = 0, z = 0;
+    std::int64_t rows_before = 0;  // of the earlier groups, in the permuted buffer
+    for (std::int64_t g = 0; g < groups; ++g) {
+      const std::int64_t first = g * group_tokens, last = first + group_tokens;
+      const auto counts = [&](quintet::tensor<std::int64_t, Device>& t) {
+        return reshape(slice(t, 0, g, g + 1), shape{experts});
+      };
+      const auto group_position = slice(position, 0, first, last);
+      kernels::route_top_k(exec_, slice(probs, 0, first, last), slice(expert, 0, first, last),
+                           slice(gate, 0, first, last), group_position, counts(routed),
+                           counts(kept), {.k = k, .capacity = capacity, .drop = options_.drop});
+      const auto losses = kernels::router_losses(exec_, slice(probs, 0, first, last),
+                                                 slice(lse, 0, first, last), counts(routed), k);
+      load_balancing += losses.load_balancing;
+      z += losses.z;
+      if (rows_before > 0) {  // the group's rows follow the earlier groups' in the buffer
+        std::int32_t* slots = group_position.data();
+        for (std::int64_t i = 0; i < group_tokens * k; ++i)
+          if (slots[i] >= 0) slots[i] += static_cast<std::int32_t>(rows_before);
+      }
+      for (std::int64_t e = 0; e < experts; ++e) {
+        stats.routed[e] += routed(g, e);
+        stats.kept[e] += kept(g, e);
+        rows_before += kept(g, e);
+      }
+    }
     for (std::int64_t t = 0; t < tokens; ++t) {
       const std::int32_t* slots = position.data() + t * k;
       const auto lost = std::count(slots, slots + k, -1);
       stats.dropped_assignments += lost;
       if (lost == k) ++stats.dropped_tokens;
     }
-    stats.load_balancing_loss = options_.load_balancing_coef * losses.load_balancing;
-    stats.z_loss = options_.z_loss_coef * losses.z;
+    const auto per_group = static_cast<double>(groups);
+    stats.load_balancing_loss = options_.load_balancing_coef * (load_balancing / per_group);
+    stats.z_loss = options_.z_loss_coef * (z / per_group);
     return stats;
   }
 
   // dgate (tokens, k), the gradient of the gates (0 where dropped) -> dx (tokens, d). The
-  // auxiliary losses enter with weight loss_scale x their coefficients (f_e held constant).
-  // Keeps dlogits for backward_weight.
+  // auxiliary losses enter with weight loss_scale x their coefficients (f_e held constant; each
+  // group's losses divided by the groups: their mean). Keeps dlogits for backward_weight.
   quintet::tensor<T, Device> backward_input(context<Device>& ctx,
                                             tensor_view<const T, Device> dgate,
                                             double loss_scale = 1.0) {
     const auto& probs = ctx.template get<T>(name_ + ".probs");
+    const auto& lse = ctx.template get<T>(name_ + ".lse");
+    const auto& expert = ctx.template get<std::int32_t>(name_ + ".expert");
+    const auto& gate = ctx.template get<T>(name_ + ".gate");
+    const auto& routed = ctx.template get<std::int64_t>(name_ + ".routed");
+    const std::int64_t tokens = probs.shape()[0], experts = probs.shape()[1];
+    const std::int64_t groups = routed.shape()[0], group_tokens = tokens / groups;
+    const auto per_group = static_cast<double>(groups);
     quintet::tensor<T, Device> dlogits(probs.shape());  // (tokens, E)
-    kernels::router_backward(
-        exec_, probs, ctx.template get<T>(name_ + ".lse"),
-        ctx.template get<std::int32_t>(name_ + ".expert"), ctx.template get<T>(name_ + ".gate"),
-        dgate, ctx.template get<std::int64_t>(name_ + ".routed"),
-        loss_scale * options_.load_balancing_coef, loss_scale * options_.z_loss_coef, dlogits);
+    for (std::int64_t g = 0; g < groups; ++g) {
+      const std::int64_t first = g * group_tokens, last = first + group_tokens;
+      kernels::router_backward(
+          exec_, slice(probs, 0, first, last), slice(lse, 0, first, last),
+          slice(expert, 0, first, last), slice(gate, 0, first, last), slice(dgate, 0, first, last),
+          reshape(slice(routed, 0, g, g + 1), shape{experts}),
+          loss_scale * options_.load_balancing_coef / per_group,
+          loss_scale * options_.z_loss_coef / per_group, slice(dlogits, 0, first, last));
+    }
     return linear_.backward_input(ctx, dlogits.view());
   }
   void backward_weight(context<Device>& ctx) { linear_.backward_weight(ctx); }
@@ -177,6 +261,8 @@ class router {
                   "router '{}': the capacity factor {} must be finite and non-negative (0: "
                   "dropless)",
                   name, options.capacity_factor);
+    QUINTET_CHECK(options.groups >= 1, "router '{}': {} routing groups; at least 1 is needed", name,
+                  options.groups);
     QUINTET_CHECK(options.load_balancing_coef >= 0 && options.z_loss_coef >= 0,
                   "router '{}': the loss coefficients ({}, {}) must be non-negative", name,
                   options.load_balancing_coef, options.z_loss_coef);

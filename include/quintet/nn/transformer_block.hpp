@@ -1,5 +1,8 @@
-// transformer_block: GPT-2's pre-LN block, h = x + attention(ln1(x)), y = h + mlp(ln2(h)). The
-// plan decides how attention and MLP are split; layer norms and residuals see whole activations.
+// transformer_block: GPT-2's pre-LN block, h = x + attention(ln1(x)), y = h + ffn(ln2(h)), where
+// the feed-forward ffn is the dense nn::mlp (`<name>.mlp`) or, when block_options::moe is set, a
+// mixture of experts nn::moe (`<name>.moe`), whose auxiliary losses enter backward with weight
+// aux_loss_scale. The plan decides how attention and the feed-forward are split; layer norms and
+// residuals see whole activations.
 //
 // What forward keeps for backward is the block's recompute mode (recompute_mode.hpp):
 //   none        every sublayer's tensors (docs/nn.md lists them)
@@ -11,7 +14,10 @@
 // schedules hold a micro-batch between them) a recomputing block's input pass erases what only it
 // reads (q, k, v, the log-sum-exp, the GELU input; under full recomputation the block's input),
 // and under full recomputation, which reruns the forward into the context itself since the
-// weight pass needs what it kept, the weight pass erases the rest.
+// weight pass needs what it kept, the weight pass erases the rest. A recomputed MoE forward routes
+// the same tokens with the same weights, so it makes the same decisions and, under ep, issues the
+// same all-to-alls (every ep rank reruns the same block at the same point of its step): the same
+// bits. routing() counts the forwards only, not their recomputations.
 #pragma once
 
 #include <quintet/kernels/elementwise.hpp>
@@ -20,6 +26,7 @@
 #include <quintet/nn/context.hpp>
 #include <quintet/nn/layer_norm.hpp>
 #include <quintet/nn/mlp.hpp>
+#include <quintet/nn/moe.hpp>
 #include <quintet/nn/parameter.hpp>
 #include <quintet/nn/recompute_mode.hpp>
 #include <quintet/parallel/plan.hpp>
@@ -27,6 +34,7 @@
 #include <quintet/tensor/tensor.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,6 +47,9 @@ struct block_options {
   double init_stddev = 0.02;
   double proj_init_stddev = 0.02;                   // the two projections into the residual stream
   recompute_mode recompute = recompute_mode::none;  // what forward keeps for backward
+  // The feed-forward: none, the dense MLP; given, a mixture of experts of mlp_hidden units each
+  // (its init_stddev and proj_init_stddev are the block's).
+  std::optional<moe_options> moe{};
 };
 
 template <class T, class Device, class Plan = serial_plan, class Mesh = parallel::no_mesh>
@@ -53,46 +64,76 @@ class transformer_block {
         attention_(registry, exec, name + ".attn", options.d_model, options.heads,
                    options.init_stddev, options.proj_init_stddev, mesh,
                    options.recompute == recompute_mode::selective),
-        ln2_(registry, exec, name + ".ln2", options.d_model),
-        mlp_(registry, exec, name + ".mlp", options.d_model, options.mlp_hidden,
-             options.init_stddev, options.proj_init_stddev, mesh) {}
+        ln2_(registry, exec, name + ".ln2", options.d_model) {
+    if (options.moe) {
+      moe_options experts = *options.moe;
+      experts.init_stddev = options.init_stddev;
+      experts.proj_init_stddev = options.proj_init_stddev;
+      moe_.emplace(registry, exec, name + ".moe", options.d_model, options.mlp_hidden, experts,
+                   mesh);
+      routing_.kept.assign(static_cast<std::size_t>(experts.experts), 0);
+      routing_.routed = routing_.kept;
+    } else {
+      mlp_.emplace(registry, exec, name + ".mlp", options.d_model, options.mlp_hidden,
+                   options.init_stddev, options.proj_init_stddev, mesh);
+    }
+  }
   transformer_block(parameter_registry<T, Device>&, const execution<Device>&&, const std::string&,
                     const block_options&, Mesh* = nullptr) = delete;
 
   // x (batch, seq, d) -> y (batch, seq, d)
   quintet::tensor<T, Device> forward(context<Device>& ctx, tensor_view<const T, Device> x) {
-    if (recompute_ != recompute_mode::full) return run_forward(ctx, x);
-    copy(ctx.template save<T>(input_name(), x.shape()), x);
-    context<Device> scratch;  // what the sublayers keep, dropped: backward recomputes it
-    return run_forward(scratch, x);
+    quintet::tensor<T, Device> y;
+    if (recompute_ != recompute_mode::full) {
+      y = run_forward(ctx, x);
+    } else {
+      copy(ctx.template save<T>(input_name(), x.shape()), x);
+      context<Device> scratch;  // what the sublayers keep, dropped: backward recomputes it
+      y = run_forward(scratch, x);
+    }
+    if (moe_) routing_.add(moe_->statistics());
+    return y;
   }
 
-  // dy (batch, seq, d) -> dx (batch, seq, d)
-  quintet::tensor<T, Device> backward(context<Device>& ctx, tensor_view<const T, Device> dy) {
-    if (recompute_ != recompute_mode::full) return run_backward(ctx, dy);
+  // dy (batch, seq, d) -> dx (batch, seq, d). The objective is sum(dy * y) + aux_loss_scale x the
+  // MoE layer's auxiliary losses (none in a dense block).
+  quintet::tensor<T, Device> backward(context<Device>& ctx, tensor_view<const T, Device> dy,
+                                      double aux_loss_scale = 1.0) {
+    if (recompute_ != recompute_mode::full) return run_backward(ctx, dy, aux_loss_scale);
     context<Device> scratch;
     rerun_forward(scratch, ctx);
-    return run_backward(scratch, dy);
+    return run_backward(scratch, dy, aux_loss_scale);
   }
 
   // The input pass (every layer keeps what its weight pass needs) and the weight pass: together,
   // backward's bits.
-  quintet::tensor<T, Device> backward_input(context<Device>& ctx, tensor_view<const T, Device> dy) {
+  quintet::tensor<T, Device> backward_input(context<Device>& ctx, tensor_view<const T, Device> dy,
+                                            double aux_loss_scale = 1.0) {
     if (recompute_ == recompute_mode::full) rerun_forward(ctx, ctx);
-    quintet::tensor<T, Device> dh = ln2_.backward_input(ctx, mlp_.backward_input(ctx, dy).view());
+    quintet::tensor<T, Device> dh = ln2_.backward_input(
+        ctx, (moe_ ? moe_->backward_input(ctx, dy, aux_loss_scale) : mlp_->backward_input(ctx, dy))
+                 .view());
     kernels::add(exec_, dh, dy, dh);
     quintet::tensor<T, Device> dx =
         ln1_.backward_input(ctx, attention_.backward_input(ctx, dh.view()).view());
     kernels::add(exec_, dx, dh, dx);
     if (recompute_ != recompute_mode::none) {
       attention_.drop_input_pass_tensors(ctx);
-      mlp_.drop_input_pass_tensors(ctx);
+      if (moe_) {
+        moe_->drop_input_pass_tensors(ctx);
+      } else {
+        mlp_->drop_input_pass_tensors(ctx);
+      }
       if (recompute_ == recompute_mode::full) ctx.erase(input_name());
     }
     return dx;
   }
   void backward_weight(context<Device>& ctx) {
-    mlp_.backward_weight(ctx);
+    if (moe_) {
+      moe_->backward_weight(ctx);
+    } else {
+      mlp_->backward_weight(ctx);
+    }
     ln2_.backward_weight(ctx);
     attention_.backward_weight(ctx);
     ln1_.backward_weight(ctx);
@@ -101,17 +142,33 @@ class transformer_block {
 
   recompute_mode recompute() const { return recompute_; }
 
+  // Whether the feed-forward is a mixture of experts, and its layer (null when dense).
+  bool is_moe() const { return moe_.has_value(); }
+  moe<T, Device, Plan, Mesh>* moe_layer() { return moe_ ? &*moe_ : nullptr; }
+  // The MoE layer's routing summed over the forwards since reset_routing() (empty when dense).
+  const routing_totals& routing() const { return routing_; }
+  void reset_routing() {
+    const std::size_t experts = routing_.kept.size();
+    routing_ = {};
+    routing_.kept.assign(experts, 0);
+    routing_.routed = routing_.kept;
+  }
+
  private:
   quintet::tensor<T, Device> run_forward(context<Device>& ctx, tensor_view<const T, Device> x) {
     quintet::tensor<T, Device> h = attention_.forward(ctx, ln1_.forward(ctx, x).view());
     kernels::add(exec_, h, x, h);
-    quintet::tensor<T, Device> y = mlp_.forward(ctx, ln2_.forward(ctx, h.view()).view());
+    const quintet::tensor<T, Device> normed = ln2_.forward(ctx, h.view());
+    quintet::tensor<T, Device> y =
+        moe_ ? moe_->forward(ctx, normed.view()) : mlp_->forward(ctx, normed.view());
     kernels::add(exec_, y, h, y);
     return y;
   }
 
-  quintet::tensor<T, Device> run_backward(context<Device>& ctx, tensor_view<const T, Device> dy) {
-    quintet::tensor<T, Device> dh = ln2_.backward(ctx, mlp_.backward(ctx, dy).view());
+  quintet::tensor<T, Device> run_backward(context<Device>& ctx, tensor_view<const T, Device> dy,
+                                          double aux_loss_scale) {
+    quintet::tensor<T, Device> dh = ln2_.backward(
+        ctx, (moe_ ? moe_->backward(ctx, dy, aux_loss_scale) : mlp_->backward(ctx, dy)).view());
     kernels::add(exec_, dh, dy, dh);  // the residual path
     quintet::tensor<T, Device> dx = ln1_.backward(ctx, attention_.backward(ctx, dh.view()).view());
     kernels::add(exec_, dx, dh, dx);
@@ -147,7 +204,9 @@ class transformer_block {
   layer_norm<T, Device> ln1_;
   causal_self_attention<T, Device, Plan, Mesh> attention_;
   layer_norm<T, Device> ln2_;
-  mlp<T, Device, Plan, Mesh> mlp_;
+  std::optional<mlp<T, Device, Plan, Mesh>> mlp_;  // the feed-forward: one of the two
+  std::optional<moe<T, Device, Plan, Mesh>> moe_;
+  routing_totals routing_;
 };
 
 }  // namespace quintet::nn

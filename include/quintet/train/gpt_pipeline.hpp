@@ -76,8 +76,9 @@ class gpt_pipeline {
   // micro-batch's loss on the rank holding the last stage, nothing elsewhere.
   // shared: sum the tied table's gradient here (sum_shared_gradients() later otherwise: data
   // parallelism first completes its reductions, which may still be reading the gradients).
+  // aux_loss_scale: d objective / d (each MoE block's auxiliary losses of a micro-batch).
   std::vector<kernels::cross_entropy_result> step(const data_source& data, double loss_scale,
-                                                  bool shared = true) {
+                                                  bool shared = true, double aux_loss_scale = 1.0) {
     typename runtime_type::links link;
     link.input = [&](int, int m, const typename stage_type::output_type* previous) {
       const micro_batch batch = data(m);
@@ -92,7 +93,8 @@ class gpt_pipeline {
       return typename stage_type::gradient_type{
           .activations = next != nullptr ? tensor_view<const T, Device>(*next)
                                          : tensor_view<const T, Device>(),
-          .loss_scale = loss_scale};
+          .loss_scale = loss_scale,
+          .aux_loss_scale = aux_loss_scale};
     };
     link.boundary_shape = [&](int, int m) {
       const micro_batch batch = data(m);

@@ -14,6 +14,16 @@
 // absolute (the defaults; parity_tolerance::for_adamw scales the margin to other rates and step
 // counts). A plan of degree 1 on every axis is the serial model: it should agree bit for bit.
 //
+// Mixture of experts: a MoE block routes each call's tokens with a capacity and auxiliary losses
+// computed from those tokens, so the serial model routes alike only if it sees the same groups of
+// tokens. Each dp rank (ep subdivides dp) routes its rows of each micro-batch; the serial run keeps
+// the micro-batches and routes each in dp groups of rows (gpt_config::routing_groups, times dp:
+// serial_model_for). The groups are then the ranks' row blocks — with M micro-batches both runs
+// cut the global batch into the same dp x M consecutive blocks — so both make the same routing
+// decisions (capacity and drops included) and optimise the same objective (each block's auxiliary
+// losses weighted 1 / (dp x M)). Expert parameters are held by one ep rank each (and its edp
+// replicas): each rank's shards are compared, and the ranks together must cover every expert.
+//
 // The pieces are public so other launchers reuse them: parity_rank runs one rank (over any
 // communicator: thread ranks, mpirun's), compare_with_serial judges a set of ranks.
 #pragma once
@@ -294,6 +304,13 @@ inline parity_report compare_with_serial(const parity_run& serial,
   return report;
 }
 
+// The serial model that routes as a plan over `degrees` does: a MoE model's routing groups times
+// dp (each micro-batch routed in the dp ranks' row blocks); a dense model unchanged.
+inline nn::gpt_config serial_model_for(nn::gpt_config model, const mesh_degrees& degrees) {
+  if (model.experts > 0) model.routing_groups *= degrees.dp;
+  return model;
+}
+
 // The serial run and the plan on thread ranks over a mesh of `degrees`, compared.
 template <class T, class Plan, token_source Source>
 parity_report check_parity(const Source& source, const nn::gpt_config& model,
@@ -301,7 +318,7 @@ parity_report check_parity(const Source& source, const nn::gpt_config& model,
                            const parity_tolerance& tolerance = {}) {
   const execution<host> exec(1);  // one thread everywhere: the ranks are the parallelism
   const parity_run serial = parity_rank<T, serial_plan, Source, parallel::no_mesh>(
-      source, model, training, exec, nullptr);
+      source, serial_model_for(model, degrees), training, exec, nullptr);
   const int world = degrees.dp * degrees.pp * degrees.tp * degrees.sp;
   std::vector<parity_run> ranks(static_cast<std::size_t>(world));
   thread_world{world}.run([&](thread_comm& comm) {

@@ -25,6 +25,17 @@
 // dp<zero<0>> (each dp replica a pipeline); tp, sp and ZeRO-1/2 with pp are refused at compile
 // time (the stages are serial-plan stages).
 //
+// Mixture of experts (gpt_config::experts): the objective is the mean cross-entropy plus, for every
+// MoE block, the mean over the step's routing calls — micro-batches x dp ranks, each routing its
+// own rows with its own capacity and statistics (Switch's per-device statistics) — of its
+// auxiliary losses: each backward takes aux_loss_scale = 1 / (micro-batches x dp). The reported
+// loss stays the cross-entropy; step_metrics::experts holds the auxiliary losses, the load per
+// expert and the dropped fraction, summed over the ranks (dp, pp) so every rank reports the same.
+// Expert parallelism (dp<zero<0>> with ep<top_k<K>>): ep subdivides dp, so each dp rank takes its
+// rows as before; the experts' gradients are reduced over their replicas (edp), the rest over dp
+// (the plan's partial axes: data parallelism's buckets follow them). ZeRO-1/2/3 and pipelines
+// with ep are refused at compile time (not proven); a pipeline's stages run MoE blocks serially.
+//
 // evaluate(source, batches) scores the model as it stands on other data (a held-out source): the
 // forward alone, on every rank under the trainer's plan, into contexts it then drops — no gradient,
 // no optimizer state, no step counter changes, so training with or without evaluations gives the
@@ -50,6 +61,7 @@
 #include <quintet/train/executor.hpp>
 #include <quintet/train/gpt_pipeline.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -117,6 +129,42 @@ struct evaluation_metrics {
   double seconds = 0.0;      // wall time of the evaluation
 };
 
+// What the mixture-of-experts blocks routed in a step, over every rank's tokens (all ranks report
+// the same); empty for a dense model.
+struct expert_load {
+  std::int64_t blocks = 0;                      // MoE blocks of the model
+  std::vector<std::int64_t> tokens_per_expert;  // kept (token, expert) pairs, summed over blocks
+  std::int64_t assignments = 0;                 // routed pairs (tokens x k per block), before drops
+  std::int64_t dropped = 0;                     // pairs dropped over capacity
+  // The objective's auxiliary terms (coefficients applied): per MoE block the mean over its calls,
+  // summed over the blocks.
+  double load_balancing_loss = 0.0;
+  double z_loss = 0.0;
+
+  bool empty() const { return blocks == 0; }
+  std::int64_t min() const {
+    return tokens_per_expert.empty()
+               ? 0
+               : *std::min_element(tokens_per_expert.begin(), tokens_per_expert.end());
+  }
+  std::int64_t max() const {
+    return tokens_per_expert.empty()
+               ? 0
+               : *std::max_element(tokens_per_expert.begin(), tokens_per_expert.end());
+  }
+  // The load of every expert were the routing balanced: the pairs kept over the experts.
+  double balanced() const {
+    const std::int64_t kept = assignments - dropped;
+    return tokens_per_expert.empty()
+               ? 0.0
+               : static_cast<double>(kept) / static_cast<double>(tokens_per_expert.size());
+  }
+  double dropped_fraction() const {
+    return assignments == 0 ? 0.0 : static_cast<double>(dropped) / static_cast<double>(assignments);
+  }
+  double aux_loss() const { return load_balancing_loss + z_loss; }
+};
+
 struct step_metrics {
   std::int64_t step = 0;
   double loss = 0.0;           // mean cross-entropy over the global batch, nats/token
@@ -124,16 +172,23 @@ struct step_metrics {
   double lr = 0.0;
   double seconds = 0.0;     // wall time of the step
   std::int64_t tokens = 0;  // targets in the global batch
+  expert_load experts{};    // mixture of experts: the step's routing (empty when dense)
 };
 
 template <class T, class Source, class Plan = serial_plan, class Mesh = parallel::no_mesh>
 requires token_source<Source> && parallel::mesh_for<Mesh, Plan>
 class trainer {
-  static_assert(Plan::batch_split_axes.empty() ||
-                    Plan::batch_split_axes == mesh_axis_set{mesh_axis::dp},
-                "train::trainer splits the batch over the dp axis only");
+  // ep subdivides dp (the plan refuses ep without dp): splitting the rows over dp splits them over
+  // ep too, as its trait says.
+  static_assert((Plan::batch_split_axes - mesh_axis_set{mesh_axis::dp, mesh_axis::ep}).empty(),
+                "train::trainer splits the batch over the dp axis (and the ep axis subdividing it) "
+                "only");
   static constexpr bool is_data_parallel = Plan::template has<parallel::strategy::data>;
   static constexpr bool is_pipelined = Plan::template has<parallel::strategy::pipeline>;
+  static constexpr bool is_expert_parallel = parallel::uses_expert_parallel<Plan>;
+  static_assert(!is_pipelined || !is_expert_parallel,
+                "train::trainer: pp<...> with ep<...> is not supported yet: the pipeline's stages "
+                "are serial-plan GPT stages (their MoE blocks hold every expert)");
   // The pipeline's stages are serial-plan GPT stages (train::gpt_pipeline): nothing inside them
   // is sharded, so a tensor or sequence policy would leave its ranks computing the same thing.
   static_assert(!is_pipelined || (!Plan::template has<parallel::strategy::tensor> &&
@@ -153,6 +208,11 @@ class trainer {
   static_assert(!is_pipelined || !is_data_parallel ||
                     zero_stage_of<typename Plan::template style<parallel::strategy::data>> == 0,
                 "train::trainer: pp<...> composes with dp<zero<0>> only; ZeRO-1/2 with pipeline "
+                "parallelism is not supported yet");
+  // ZeRO over the experts' edp buckets is not proven (no parity test): refused until it is.
+  static_assert(!is_expert_parallel ||
+                    zero_stage_of<typename Plan::template style<parallel::strategy::data>> == 0,
+                "train::trainer: ep<...> composes with dp<zero<0>> only; ZeRO-1/2/3 with expert "
                 "parallelism is not supported yet");
   template <bool, class M>
   struct runtime_slot {
@@ -200,7 +260,9 @@ class trainer {
                                         .heads = config.heads,
                                         .hidden = config.hidden(),
                                         .vocab = config.vocab,
-                                        .layers = config.layers});
+                                        .layers = config.layers,
+                                        .experts = config.experts,
+                                        .top_k = config.experts > 0 ? config.top_k : 0});
     }
   };
 
@@ -311,6 +373,9 @@ class trainer {
       registry_.zero_grad();
     }
     const double scale = 1.0 / static_cast<double>(counted);
+    // The auxiliary losses: the mean over the step's routing calls, micro-batches x dp ranks.
+    const double aux_scale = 1.0 / static_cast<double>(routing_calls());
+    for (auto* stage : model_.stages()) stage->reset_routing();
     double loss_sum = 0.0;
     std::int64_t scored = 0;
     if constexpr (is_pipelined) {
@@ -321,7 +386,7 @@ class trainer {
                 .tokens = micro[static_cast<std::size_t>(m)].inputs.view(),
                 .targets = micro[static_cast<std::size_t>(m)].targets.view()};
           },
-          scale, false);
+          scale, false, aux_scale);
       for (const auto& loss : losses) {
         loss_sum += loss.loss_sum;
         scored += loss.count;
@@ -338,7 +403,8 @@ class trainer {
                },
            .gradient =
                [&](int, int, const typename stage_type::input_gradient_type*) {
-                 return typename stage_type::gradient_type{.loss_scale = scale};
+                 return typename stage_type::gradient_type{.loss_scale = scale,
+                                                           .aux_loss_scale = aux_scale};
                }});
       for (const auto& out : outputs) {
         loss_sum += out.loss.loss_sum;
@@ -349,6 +415,7 @@ class trainer {
                   "training: step {} counted {} targets but the model scored {}: it skips another "
                   "padding id than kernels::no_target",
                   step, local_counted, scored);
+    expert_load experts = step_routing();
     double norm = 0.0;
     if constexpr (is_pipelined) {
       // dp<zero<0>>: the buckets reduced in place over dp; then the tied table's two copies
@@ -379,7 +446,7 @@ class trainer {
     if constexpr (is_data_parallel) data_parallel_->gather_parameters();
     ++next_step_;
     const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
-    return {step, loss, norm, lr, elapsed.count(), tokens};
+    return {step, loss, norm, lr, elapsed.count(), tokens, std::move(experts)};
   }
 
   // The mean loss of the model as it stands over batches 0 .. batches - 1 of `source` (each a
@@ -539,6 +606,55 @@ class trainer {
             .tokens = counted,
             .batches = batches,
             .seconds = elapsed.count()};
+  }
+
+  // Routing calls of every MoE block in a step: one per micro-batch and dp rank.
+  std::int64_t routing_calls() const {
+    if constexpr (is_data_parallel) {
+      return options_.micro_batches * mesh_->dp().size();
+    } else {
+      return options_.micro_batches;
+    }
+  }
+
+  // The step's routing of every MoE block this rank holds, summed over the blocks, then over dp
+  // (each rank's rows) and pp (each rank's blocks): the same on every rank. Collective when the
+  // model has experts; empty (and silent) when it has none.
+  expert_load step_routing() {
+    expert_load out;
+    const nn::gpt_config& config = model_.config();
+    if (config.experts == 0) return out;
+    const auto experts = static_cast<std::size_t>(config.experts);
+    // [kept per expert (E), assignments, dropped, load balancing, z, blocks]
+    quintet::tensor<double, host> sums(shape{static_cast<std::int64_t>(experts) + 5});
+    double* at = sums.data();
+    std::fill(at, at + sums.numel(), 0.0);
+    for (auto* stage : model_.stages())
+      for (const auto& block : stage->routing()) {
+        const nn::routing_totals& t = block.totals;
+        for (std::size_t e = 0; e < experts && e < t.kept.size(); ++e)
+          at[e] += static_cast<double>(t.kept[e]);
+        at[experts] += static_cast<double>(t.assignments);
+        at[experts + 1] += static_cast<double>(t.dropped_assignments);
+        at[experts + 2] += t.load_balancing_loss;
+        at[experts + 3] += t.z_loss;
+        at[experts + 4] += 1.0;
+      }
+    if constexpr (is_data_parallel) {
+      all_reduce_from_host(mesh_->dp(), sums, reduce_op::sum);
+      // Every dp rank holds the same blocks: they were counted dp times.
+      at[experts + 4] /= static_cast<double>(mesh_->dp().size());
+    }
+    if constexpr (is_pipelined) all_reduce_from_host(mesh_->pp(), sums, reduce_op::sum);
+    for (std::size_t e = 0; e < experts; ++e)
+      out.tokens_per_expert.push_back(static_cast<std::int64_t>(at[e]));
+    out.assignments = static_cast<std::int64_t>(at[experts]);
+    out.dropped = static_cast<std::int64_t>(at[experts + 1]);
+    const auto calls = static_cast<double>(routing_calls());
+    out.load_balancing_loss = at[experts + 2] / calls;
+    out.z_loss = at[experts + 3] / calls;
+    out.blocks = static_cast<std::int64_t>(std::llround(at[experts + 4]));
+    return out;
   }
 
   // The last stage's loss sum and count to every pp rank (the others add zeros: exact).

@@ -25,9 +25,14 @@
 
 namespace quintet::parallel {
 
+// top_k<runtime_k>: the model's k, whatever it is (checked against nothing): one plan type for a
+// program that takes k at run time (train_gpt's --moe-top-k). K changes no code — the router's k
+// is a model option, the style only checks it — so the runtime form costs nothing but the check.
+inline constexpr int runtime_k = 0;
+
 template <int K>
 struct top_k {
-  static_assert(K >= 1, "parallel::top_k<K>: K must be at least 1");
+  static_assert(K >= 0, "parallel::top_k<K>: K must be at least 1 (or runtime_k: the model's)");
   static constexpr int k = K;
 };
 
@@ -42,7 +47,9 @@ template <int K>
 struct strategy_traits<top_k<K>> : style_traits_defaults {
   static constexpr strategy kind = strategy::expert;
   static constexpr std::string_view name = "top_k";
-  static std::string parameters() { return fmt::format("<{}>", K); }
+  static std::string parameters() {
+    return K == runtime_k ? std::string("<runtime_k>") : fmt::format("<{}>", K);
+  }
   static constexpr mesh_axis_set axes{mesh_axis::ep};
   // The ep ranks are data-parallel ranks: each routes its own tokens.
   static constexpr mesh_axis_set batch_split_axes{mesh_axis::ep};
@@ -57,15 +64,15 @@ struct strategy_traits<top_k<K>> : style_traits_defaults {
 
   static void check(const mesh_degrees& degrees, const model_dimensions& model) {
     QUINTET_CHECK(model.experts > 0,
-                  "ep<top_k<{}>>: the model has no mixture-of-experts layer (its dimensions name "
+                  "ep<top_k{}>: the model has no mixture-of-experts layer (its dimensions name "
                   "0 experts); a plan with expert parallelism would train its dense layers only "
-                  "(nn::gpt does not build MoE blocks yet)",
-                  K);
+                  "(give the model experts: gpt_config::experts)",
+                  parameters());
     QUINTET_CHECK(model.experts % degrees.ep == 0,
-                  "ep<top_k<{}>>: {} experts do not divide over ep = {}", K, model.experts,
+                  "ep<top_k{}>: {} experts do not divide over ep = {}", parameters(), model.experts,
                   degrees.ep);
     QUINTET_CHECK(
-        model.top_k == K,
+        K == runtime_k || model.top_k == K,
         "ep<top_k<{}>>: the model routes each token to its top {} experts, but the plan's "
         "style is top_k<{}>",
         K, model.top_k, K);
