@@ -146,7 +146,9 @@ TEST_CASE("host blocks are reused by size class, within a bounded cache", "[tens
   cache.trim();
   CHECK(cache.cached_bytes() == 0);
 
-  // Tensors freed and made again on one thread reuse the block.
+  // Tensors freed and made again on one thread reuse the block (not under AddressSanitizer,
+  // where tensors bypass the cache so that a use after free is caught).
+#if !defined(__SANITIZE_ADDRESS__)
   const void* data = nullptr;
   {
     quintet::tensor<float, host> t(shape{1000});
@@ -154,4 +156,5 @@ TEST_CASE("host blocks are reused by size class, within a bounded cache", "[tens
   }
   quintet::tensor<float, host> again(shape{1000});
   CHECK(static_cast<const void*>(again.data()) == data);
+#endif
 }
