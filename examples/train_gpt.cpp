@@ -408,11 +408,10 @@ void run_rank(const Source& source, const Source* held_out, const program_option
     if (options.model.experts > 0) {
       const auto& m = options.model;
       fmt::print(
-          "  mixture of experts: {} experts of {} hidden units in {} of {} blocks (every {}{}), "
-          "top-{}, capacity factor {}{}, aux loss coef {}, z-loss coef {}, expert parallel {}; "
-          "{} parameters active per token\n",
-          m.experts, m.hidden(), moe_blocks(m), m.layers, m.moe_every,
-          m.moe_every == 1 ? "" : "-th", m.top_k, m.capacity_factor,
+          "  mixture of experts: {} experts of {} hidden units in {} of {} blocks "
+          "(--moe-every {}), top-{}, capacity factor {}{}, aux loss coef {}, z-loss coef {}, "
+          "expert parallel {}; {} parameters active per token\n",
+          m.experts, m.hidden(), moe_blocks(m), m.layers, m.moe_every, m.top_k, m.capacity_factor,
           m.capacity_factor == 0 ? " (dropless)" : "", m.aux_loss_coef, m.z_loss_coef, options.ep,
           run.active_parameters);
     }

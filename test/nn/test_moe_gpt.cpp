@@ -128,7 +128,7 @@ TEST_CASE("a MoE GPT's gradients match finite differences of CE + aux losses", "
   }
 }
 
-TEST_CASE("moe_every picks the blocks with experts; the rest stay dense", "[nn][moe][gpt]") {
+TEST_CASE("moe_every picks the blocks with experts, the rest stay dense", "[nn][moe][gpt]") {
   quintet::nn::parameter_registry<float, host> registry(5);
   quintet::nn::gpt_config config{.vocab = 8, .max_seq = 4, .layers = 4, .d_model = 8, .heads = 2};
   config.experts = 4;

@@ -4,10 +4,10 @@
 // ep rank and edp replicas only) against the serial run, whose MoE blocks route each micro-batch in
 // dp groups of rows (train::serial_model_for: the same tokens per routing call, so the same
 // capacity, drops and auxiliary losses). Dropless and with drops, k = 1 and 2, micro-batches,
-// recompute none and full (full reruns the block's all-to-alls: the same bits as none); the MoE
-// model under data parallelism (ZeRO-0 and 3) and pipelines (the stages run their MoE blocks
-// serially); the step's expert load, identical on every rank and equal to the serial run's; what
-// the trainer refuses.
+// ZeRO-1/2/3 (the experts' buckets sharded over edp), recompute none and full (full reruns the
+// block's all-to-alls: the same bits as none); the MoE model under data parallelism (ZeRO-0 and 3)
+// and pipelines (the stages run their MoE blocks serially); the step's expert load, identical on
+// every rank and equal to the serial run's; what the trainer refuses.
 #include <catch2/catch.hpp>
 
 #include "gpt_parity.hpp"
@@ -33,6 +33,8 @@ namespace train = quintet::train;
 template <int K>
 using ep_plan = quintet::plan<par::dp<par::zero<0>>, par::ep<par::top_k<K>>>;
 using runtime_ep_plan = ep_plan<par::runtime_k>;
+template <int Stage>
+using ep_zero_plan = quintet::plan<par::dp<par::zero<Stage>>, par::ep<par::top_k<2>>>;
 template <int Stage>
 using dp_plan = quintet::plan<par::dp<par::zero<Stage>>>;
 using dp_pp_plan = quintet::plan<par::dp<par::zero<0>>, par::pp<par::named_schedule>>;
@@ -107,6 +109,21 @@ TEST_CASE("a MoE GPT under ep trains like the serial MoE GPT", "[parity][expert]
     quintet::nn::gpt_config model = moe_model(4, 2, 1.0);
     model.recompute = quintet::nn::recompute_mode::full;
     require_parity<ep_plan<2>>(model, moe_training(2), {.dp = 2, .ep = 2});
+  }
+}
+
+TEST_CASE("a MoE GPT under ep with ZeRO-1/2/3 trains like the serial MoE GPT",
+          "[parity][expert][moe]") {
+  // Each expert's bucket is partial over edp: ZeRO shards it over the expert's replicas.
+  SECTION("dp = 4 over ep = 2, ZeRO-1") {
+    require_parity<ep_zero_plan<1>>(moe_model(4, 2, 1.0), moe_training(2), {.dp = 4, .ep = 2});
+  }
+  SECTION("dp = 4 over ep = 2, ZeRO-2") {
+    require_parity<ep_zero_plan<2>>(moe_model(4, 2, 1.0), moe_training(2), {.dp = 4, .ep = 2});
+  }
+  SECTION("dp = 4 over ep = 2, ZeRO-3, and ep = dp = 2 (experts unsharded: edp = 1)") {
+    require_parity<ep_zero_plan<3>>(moe_model(4, 2, 1.0), moe_training(2), {.dp = 4, .ep = 2});
+    require_parity<ep_zero_plan<3>>(moe_model(4, 2, 0.0), moe_training(), {.dp = 2, .ep = 2});
   }
 }
 

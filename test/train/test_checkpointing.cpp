@@ -30,6 +30,8 @@ template <int Stage>
 using dp_plan = quintet::plan<par::dp<par::zero<Stage>>>;
 using pp_plan = quintet::plan<par::dp<par::zero<0>>, par::pp<par::named_schedule>>;
 using ep_plan = quintet::plan<par::dp<par::zero<0>>, par::ep<par::top_k<2>>>;
+template <int Stage>
+using ep_zero_plan = quintet::plan<par::dp<par::zero<Stage>>, par::ep<par::top_k<2>>>;
 
 // The parity model with 4 experts (top-2, with drops) in every block.
 quintet::nn::gpt_config moe_config() {
@@ -145,6 +147,9 @@ TEST_CASE("a run saved and resumed continues bit for bit", "[parity][checkpoint]
   SECTION("tp 2") { check(std::type_identity<tp_plan>{}, {.tp = 2}); }
   SECTION("dp 2 x pp 2 (1f1b)") { check(std::type_identity<pp_plan>{}, {.dp = 2, .pp = 2}); }
   SECTION("MoE, ep 2") { check(std::type_identity<ep_plan>{}, {.dp = 2, .ep = 2}, moe_config()); }
+  SECTION("MoE, dp 4 over ep 2, ZeRO-3") {
+    check(std::type_identity<ep_zero_plan<3>>{}, {.dp = 4, .ep = 2}, moe_config());
+  }
 }
 
 namespace {
@@ -192,6 +197,10 @@ TEST_CASE("a checkpoint saved under one plan loads under another", "[parity][che
   SECTION("MoE: ep 2 (experts split over the ranks) -> serial MoE, and back") {
     check_reshard<ep_plan, quintet::serial_plan>({.dp = 2, .ep = 2}, {}, moe_config());
     check_reshard<quintet::serial_plan, ep_plan>({}, {.dp = 2, .ep = 2}, moe_config());
+  }
+  SECTION("MoE: dp 4 over ep 2, ZeRO-2 (experts' shards over edp) -> serial MoE, and back") {
+    check_reshard<ep_zero_plan<2>, quintet::serial_plan>({.dp = 4, .ep = 2}, {}, moe_config());
+    check_reshard<quintet::serial_plan, ep_zero_plan<2>>({}, {.dp = 4, .ep = 2}, moe_config());
   }
   SECTION("Megatron-SP tp 2 x dp 2 ZeRO-2 -> serial") {
     using msp =

@@ -66,6 +66,21 @@ struct moe_options {
   std::int64_t groups = 1;         // routing groups per forward (1 under ep)
 };
 
+// A MoE layer sees whole activations: under a mesh, tp and sp must be 1 (experts split column/row
+// over tp, and tokens over sp, are not built yet). Nothing to check without a mesh.
+template <class Mesh>
+void check_moe_mesh(const std::string& name, Mesh* mesh) {
+  if constexpr (mesh_like<Mesh>) {
+    QUINTET_CHECK(mesh == nullptr || (mesh->degrees().tp == 1 && mesh->degrees().sp == 1),
+                  "moe '{}': experts split over tensor parallelism (tp = {}) or tokens over "
+                  "sequence parallelism (sp = {}) are not built yet; a mixture-of-experts layer "
+                  "needs tp = sp = 1 (use ep to split the experts)",
+                  name, mesh->degrees().tp, mesh->degrees().sp);
+  } else {
+    (void)name, (void)mesh;
+  }
+}
+
 template <class T, class Device, class Plan = serial_plan, class Mesh = parallel::no_mesh>
 class moe {
   static_assert(parallel::mesh_for<Mesh, Plan>,
@@ -302,13 +317,7 @@ class moe {
   // the exchange over the mesh's ep group.
   static exchange_type make_exchange(const std::string& name, Mesh* mesh, std::int64_t d_model,
                                      std::int64_t hidden, const moe_options& options) {
-    if constexpr (mesh_like<Mesh>) {
-      QUINTET_CHECK(mesh == nullptr || (mesh->degrees().tp == 1 && mesh->degrees().sp == 1),
-                    "moe '{}': experts split over tensor parallelism (tp = {}) or tokens over "
-                    "sequence parallelism (sp = {}) are not built yet; a mixture-of-experts layer "
-                    "needs tp = sp = 1 (use ep to split the experts)",
-                    name, mesh->degrees().tp, mesh->degrees().sp);
-    }
+    check_moe_mesh(name, mesh);
     if constexpr (expert_parallel) {
       QUINTET_CHECK(mesh != nullptr, "moe '{}': a plan with ep<...> needs the device mesh", name);
       using style = typename Plan::template style<parallel::strategy::expert>;

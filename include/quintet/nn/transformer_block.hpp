@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace quintet::nn {
@@ -54,6 +55,11 @@ struct block_options {
 
 template <class T, class Device, class Plan = serial_plan, class Mesh = parallel::no_mesh>
 class transformer_block {
+  // Without ep a MoE layer runs alone on every rank whatever the plan (it needs tp = sp = 1): the
+  // serial layer, one instantiation for every such plan.
+  static constexpr bool expert_parallel = parallel::uses_expert_parallel<Plan>;
+  using moe_type = std::conditional_t<expert_parallel, moe<T, Device, Plan, Mesh>, moe<T, Device>>;
+
  public:
   transformer_block(parameter_registry<T, Device>& registry, const execution<Device>& exec,
                     const std::string& name, const block_options& options, Mesh* mesh = nullptr)
@@ -69,8 +75,13 @@ class transformer_block {
       moe_options experts = *options.moe;
       experts.init_stddev = options.init_stddev;
       experts.proj_init_stddev = options.proj_init_stddev;
-      moe_.emplace(registry, exec, name + ".moe", options.d_model, options.mlp_hidden, experts,
-                   mesh);
+      if constexpr (expert_parallel) {
+        moe_.emplace(registry, exec, name + ".moe", options.d_model, options.mlp_hidden, experts,
+                     mesh);
+      } else {
+        check_moe_mesh(name + ".moe", mesh);
+        moe_.emplace(registry, exec, name + ".moe", options.d_model, options.mlp_hidden, experts);
+      }
       routing_.kept.assign(static_cast<std::size_t>(experts.experts), 0);
       routing_.routed = routing_.kept;
     } else {
@@ -144,7 +155,7 @@ class transformer_block {
 
   // Whether the feed-forward is a mixture of experts, and its layer (null when dense).
   bool is_moe() const { return moe_.has_value(); }
-  moe<T, Device, Plan, Mesh>* moe_layer() { return moe_ ? &*moe_ : nullptr; }
+  moe_type* moe_layer() { return moe_ ? &*moe_ : nullptr; }
   // The MoE layer's routing summed over the forwards since reset_routing() (empty when dense).
   const routing_totals& routing() const { return routing_; }
   void reset_routing() {
@@ -205,7 +216,7 @@ class transformer_block {
   causal_self_attention<T, Device, Plan, Mesh> attention_;
   layer_norm<T, Device> ln2_;
   std::optional<mlp<T, Device, Plan, Mesh>> mlp_;  // the feed-forward: one of the two
-  std::optional<moe<T, Device, Plan, Mesh>> moe_;
+  std::optional<moe_type> moe_;
   routing_totals routing_;
 };
 

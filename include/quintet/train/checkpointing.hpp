@@ -16,8 +16,8 @@
 // tensor and clipped to its logical shape (the vocabulary's padding rows are not saved).
 // Which rank writes a block: coordinate 0 on every mesh axis over which the block is neither
 // sharded (tp, sp) nor split by ZeRO (its bucket's partial axes); an expert, sharded over ep, is
-// written by edp 0; on the pp axis, every stage writes its own parameters and the tied table only
-// its first stage (pp rank 0).
+// written by edp 0 (by every edp rank, each its shard, under ZeRO); on the pp axis, every stage
+// writes its own parameters and the tied table only its first stage (pp rank 0).
 //
 // The training state records the next step, AdamW's step count, the seed, the plan and the mesh;
 // the data position is the step (token sources are indexed by step).
@@ -161,9 +161,12 @@ inline bool writes(const parallel::placement& where, mesh_axis_set split,
   for (const mesh_axis axis : {mesh_axis::tp, mesh_axis::sp})
     if (!distinct.contains(axis) && !first(axis)) return false;
   // ep and edp subdivide dp (their coordinates are functions of the dp coordinate): an expert's
-  // copies differ over ep, so only edp 0 writes it.
+  // copies differ over ep, so only edp 0 writes it — unless ZeRO splits it over edp too (its
+  // replicas then hold disjoint shards, each written).
   if (!distinct.contains(mesh_axis::dp)) {
-    if (distinct.contains(mesh_axis::ep) ? !first(mesh_axis::edp) : !first(mesh_axis::dp))
+    if (distinct.contains(mesh_axis::ep)
+            ? !distinct.contains(mesh_axis::edp) && !first(mesh_axis::edp)
+            : !first(mesh_axis::dp))
       return false;
   }
   // The tied table is held by the first and the last stage: the first writes it.

@@ -33,8 +33,9 @@
 // expert and the dropped fraction, summed over the ranks (dp, pp) so every rank reports the same.
 // Expert parallelism (dp<zero<0>> with ep<top_k<K>>): ep subdivides dp, so each dp rank takes its
 // rows as before; the experts' gradients are reduced over their replicas (edp), the rest over dp
-// (the plan's partial axes: data parallelism's buckets follow them). ZeRO-1/2/3 and pipelines
-// with ep are refused at compile time (not proven); a pipeline's stages run MoE blocks serially.
+// (the plan's partial axes: data parallelism's buckets follow them; under ZeRO an expert's bucket
+// is sharded over its edp replicas). Pipelines with ep are refused at compile time; a pipeline's
+// stages run MoE blocks serially.
 //
 // evaluate(source, batches) scores the model as it stands on other data (a held-out source): the
 // forward alone, on every rank under the trainer's plan, into contexts it then drops — no gradient,
@@ -208,11 +209,6 @@ class trainer {
   static_assert(!is_pipelined || !is_data_parallel ||
                     zero_stage_of<typename Plan::template style<parallel::strategy::data>> == 0,
                 "train::trainer: pp<...> composes with dp<zero<0>> only; ZeRO-1/2 with pipeline "
-                "parallelism is not supported yet");
-  // ZeRO over the experts' edp buckets is not proven (no parity test): refused until it is.
-  static_assert(!is_expert_parallel ||
-                    zero_stage_of<typename Plan::template style<parallel::strategy::data>> == 0,
-                "train::trainer: ep<...> composes with dp<zero<0>> only; ZeRO-1/2/3 with expert "
                 "parallelism is not supported yet");
   template <bool, class M>
   struct runtime_slot {
@@ -415,7 +411,6 @@ class trainer {
                   "training: step {} counted {} targets but the model scored {}: it skips another "
                   "padding id than kernels::no_target",
                   step, local_counted, scored);
-    expert_load experts = step_routing();
     double norm = 0.0;
     if constexpr (is_pipelined) {
       // dp<zero<0>>: the buckets reduced in place over dp; then the tied table's two copies
@@ -439,6 +434,8 @@ class trainer {
       parallel::synchronize_gradients(registry_, *mesh_);
       norm = parallel::global_gradient_norm<Plan>(exec_, registry_, *mesh_);
     }
+    // After data parallelism's reductions: its collectives on the dp group have completed.
+    expert_load experts = step_routing();
     const double loss = loss_sum / static_cast<double>(counted);
     QUINTET_CHECK(std::isfinite(loss), "training stopped at step {}: the loss is {}", step, loss);
     const double lr = schedule_(step);
