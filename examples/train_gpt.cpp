@@ -30,6 +30,7 @@
 //
 //   train_gpt --data /usr/share/common-licenses/GPL-3 --lr 3e-3 --min-lr 3e-4
 //             --sample-every 400 --plot gpl3.svg      # one line
+#include <quintet/checkpoint/plain_export.hpp>
 #include <quintet/comm/thread_comm.hpp>
 #include <quintet/data/byte_corpus.hpp>
 #include <quintet/data/markov_source.hpp>
@@ -61,10 +62,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <variant>
 #include <vector>
@@ -110,12 +113,15 @@ struct program_options {
   std::int64_t sample_top_k = 0;  // 0: every token
   double peak_tflops = 0.0;       // per rank; 0: measure this host's sgemm rate
   std::string plot_path;
-  // Checkpoints: saved every --save-every steps and at the end into --save-dir (the last --keep
-  // kept); --resume continues from its latest, under whatever plan this run has.
+  // Checkpoints: saved into --save every --save-every steps and at the end (the last --keep kept);
+  // --resume continues from the latest in its directory, under whatever plan this run has;
+  // --stop-at ends the run early as a preempted job; --export writes the final model plainly.
   std::string save_dir;
   std::int64_t save_every = 0;  // 0: at the end only
   std::size_t keep_checkpoints = 3;
-  bool resume = false;
+  std::string resume_dir;
+  std::int64_t stop_at = 0;  // 0: run every step
+  std::string export_path;
   // Set at start-up: the peak MFU is taken against, and where it comes from.
   double peak_flops = 0.0;
   std::string peak_source;
@@ -376,22 +382,39 @@ void run_rank(const Source& source, const Source* held_out, const program_option
       run.active_parameters, options.model.layers, options.model.d_model, t.seq);
   const bool evaluating = options.eval_every > 0 && held_out != nullptr;
   const bool sampling = options.sample_tokens > 0;
+  // The run ends after `last` steps: all of them, or --stop-at's (the schedule stays --steps').
+  const std::int64_t last = options.stop_at > 0 ? options.stop_at : t.steps;
   std::optional<quintet::checkpoint::checkpoint_directory> checkpoints;
-  if (!options.save_dir.empty())
+  if (!options.save_dir.empty()) {
     checkpoints.emplace(options.save_dir, quintet::checkpoint::checkpoint_options{
                                               .keep_last = options.keep_checkpoints});
-  if (options.resume) {
-    QUINTET_CHECK(checkpoints && checkpoints->latest_step(),
-                  "--resume: no checkpoint in --save-dir '{}'", options.save_dir);
-    const auto reader = checkpoints->open_latest();
+    // Only the run that continues a directory's checkpoints saves among them: a fresh run would
+    // make its own step 10 the latest over another run's step 500, and --keep would prune those.
+    const auto existing = checkpoints->latest_step();
+    QUINTET_CHECK(!existing || (!options.resume_dir.empty() &&
+                                std::filesystem::equivalent(options.resume_dir, options.save_dir)),
+                  "--save '{}' holds another run's checkpoints (latest: step {}): continue them "
+                  "with --resume {} or save into another directory",
+                  options.save_dir, existing.value_or(0), options.save_dir);
+  }
+  if (!options.resume_dir.empty()) {
+    QUINTET_CHECK(std::filesystem::is_directory(options.resume_dir),
+                  "--resume '{}': no such directory", options.resume_dir);
+    const quintet::checkpoint::checkpoint_directory from(options.resume_dir);
+    QUINTET_CHECK(from.latest_step(),
+                  "--resume '{}': no checkpoint there (no 'latest' pointer: the directory is "
+                  "empty or not one that --save wrote)",
+                  options.resume_dir);
+    const auto reader = from.open_latest();
     quintet::train::load_checkpoint(trainer, reader);
-    QUINTET_CHECK(trainer.next_step() < t.steps,
-                  "--resume: the latest checkpoint is at step {}; the run has {} steps (give more "
-                  "--steps)",
-                  trainer.next_step(), t.steps);
+    QUINTET_CHECK(trainer.next_step() < last,
+                  "--resume: the latest checkpoint is at step {}, and the run ends at step {} "
+                  "(--steps {}, --stop-at {}): nothing left to train",
+                  trainer.next_step(), last, t.steps, options.stop_at);
     if (printer)
-      fmt::print("resumed from {} (saved under {}, mesh {})\n", reader.directory().string(),
-                 reader.state().at("plan").as_string(), reader.state().at("mesh").as_string());
+      fmt::print("resumed at step {} from {} (saved under {}, mesh {})\n", trainer.next_step(),
+                 reader.directory().string(), reader.state().at("plan").as_string(),
+                 reader.state().at("mesh").as_string());
   }
   const auto save = [&] {
     quintet::train::save_checkpoint(trainer, *checkpoints);
@@ -501,14 +524,14 @@ void run_rank(const Source& source, const Source* held_out, const program_option
     }
   };
 
-  for (std::int64_t s = trainer.next_step(); s < t.steps; ++s) {
+  for (std::int64_t s = trainer.next_step(); s < last; ++s) {
     if (evaluating && s % options.eval_every == 0) evaluate();
     if (sampling && options.sample_every > 0 && s > 0 && s % options.sample_every == 0) sample();
     run.history.push_back(trainer.train_step());
     const auto& m = run.history.back();
     run.seconds += m.seconds;
     run.tokens += m.tokens;
-    if (printer && (m.step % options.log_every == 0 || m.step + 1 == t.steps)) {
+    if (printer && (m.step % options.log_every == 0 || m.step + 1 == last)) {
       const double tokens_per_second = static_cast<double>(m.tokens) / m.seconds;
       const double flops =
           quintet::train::model_flops_per_second(run.flops_per_token, tokens_per_second);
@@ -529,9 +552,23 @@ void run_rank(const Source& source, const Source* held_out, const program_option
       std::fflush(stdout);
     }
     if (checkpoints &&
-        (s + 1 == t.steps || (options.save_every > 0 && (s + 1) % options.save_every == 0)))
+        (s + 1 == last || (options.save_every > 0 && (s + 1) % options.save_every == 0)))
       save();
   }
+  if (!options.export_path.empty() && printer) {
+    // save() returned after every rank's barrier: the latest checkpoint is complete.
+    const std::size_t tensors = quintet::checkpoint::export_plain(
+        checkpoints->open_latest(), options.export_path, [](std::string_view name) {
+          return !name.ends_with(quintet::train::first_moment_suffix) &&
+                 !name.ends_with(quintet::train::second_moment_suffix);
+        });
+    fmt::print("exported {} tensors of step {} to {}\n", tensors, trainer.next_step(),
+               options.export_path);
+  }
+  const bool stopped = last < t.steps;
+  if (printer && stopped)
+    fmt::print("stopped after step {} of {} (--stop-at {}){}\n", last - 1, t.steps, last,
+               checkpoints ? fmt::format("; continue with --resume {}", options.save_dir) : "");
   if constexpr (Plan::template has<quintet::parallel::strategy::pipeline>) {
     if (!options.trace_path.empty()) {
       // Collective over pp: every rank's measured times of the last step.
@@ -545,9 +582,9 @@ void run_rank(const Source& source, const Source* held_out, const program_option
       }
     }
   }
-  // The trained model: a last evaluation and sample.
-  if (evaluating) evaluate();
-  if (sampling) sample();
+  // The trained model: a last evaluation and sample (not when stopped, as a preempted job).
+  if (evaluating && !stopped) evaluate();
+  if (sampling && !stopped) sample();
   if (!printer) return;
   const double loss = final_loss(run.history);
   const double tokens_per_second = static_cast<double>(run.tokens) / run.seconds;
@@ -737,8 +774,12 @@ void check_expert_options(const program_options& options) {
 
 // The degrees against each other and the world, with the reason when they do not fit.
 void check_parallel_options(const program_options& options) {
-  QUINTET_CHECK(!options.save_dir.empty() || (options.save_every == 0 && !options.resume),
-                "--save-every and --resume need --save-dir");
+  QUINTET_CHECK(
+      !options.save_dir.empty() || (options.save_every == 0 && options.export_path.empty()),
+      "--save-every and --export need --save DIR (the export is of the last checkpoint)");
+  QUINTET_CHECK(options.stop_at >= 0 && options.stop_at <= options.training.steps,
+                "--stop-at {} must be a step of the run (1 to --steps {}; 0: no stop)",
+                options.stop_at, options.training.steps);
   QUINTET_CHECK(options.trace_path.empty() || options.pp > 1,
                 "--trace records a pipeline's actions: it needs --pp 2 or more");
   QUINTET_CHECK(options.world >= 1 && options.tp >= 1 && options.sp >= 1 && options.dp >= 1,
@@ -1047,17 +1088,26 @@ int main(int argc, char** argv) {
   app.add_option("--trace", options.trace_path,
                  "with --pp: write the last step's measured start and end of every action on "
                  "every rank as a Perfetto / Chrome trace (the simulator's format)");
-  app.add_option("--save-dir", options.save_dir,
-                 "save checkpoints (safetensors shards + index) into this directory");
+  app.add_option("--save", options.save_dir,
+                 "save checkpoints (safetensors shards + index) into this directory: every "
+                 "--save-every steps and at the end");
   app.add_option("--save-every", options.save_every,
-                 "steps between checkpoints (0: at the end only; needs --save-dir)")
+                 "steps between checkpoints (0: at the end only; needs --save)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--keep", options.keep_checkpoints, "checkpoints kept in --save-dir (0: all)")
+  app.add_option("--keep", options.keep_checkpoints, "checkpoints kept in --save (0: all)")
       ->capture_default_str();
-  app.add_flag("--resume", options.resume,
-               "continue from the latest checkpoint in --save-dir (under any plan: each rank reads "
-               "the shards it needs)");
+  app.add_option("--resume", options.resume_dir,
+                 "continue from the latest checkpoint in this directory, under any plan (each rank "
+                 "reads the shards it needs); the model and schedule flags must be the saved "
+                 "run's; give --save with the same directory to go on saving there");
+  app.add_option("--stop-at", options.stop_at,
+                 "end the run after this many steps, as a preempted job (saving with --save); the "
+                 "learning-rate schedule stays that of --steps")
+      ->capture_default_str();
+  app.add_option("--export", options.export_path,
+                 "at the end, write the model as one plain safetensors file (the serial model's "
+                 "names and shapes; needs --save)");
   CLI11_PARSE(app, argc, argv);
   // Generation needs the whole model on one rank: a pipeline run samples nothing unless asked
   // (and then refuses, saying why).

@@ -16,6 +16,9 @@
 #include <quintet/train/parity.hpp>
 
 #include <cmath>
+#include <fstream>
+#include <iterator>
+#include <string>
 #include <vector>
 
 using quintet::host;
@@ -209,17 +212,58 @@ TEST_CASE("a checkpoint saved under one plan loads under another", "[parity][che
   }
 }
 
-TEST_CASE("a checkpoint of another model is refused, naming the tensor", "[checkpoint]") {
+TEST_CASE("a checkpoint of another run or format is refused, naming what differs", "[checkpoint]") {
   temp_directory saved;
   run<quintet::serial_plan>({}, {.save = saved.path(), .save_at = 1});
   const quintet::execution<host> exec(1);
-  auto wider = config;
-  wider.d_model = 24;
-  wider.heads = 4;
-  train::trainer<float, quintet::markov_source> trainer(source, wider, options(), exec);
-  REQUIRE_THROWS_WITH(
-      train::load_checkpoint(trainer, ckpt::checkpoint_directory(saved.path()).open_latest()),
-      Catch::Contains("embedding.token_weight") && Catch::Contains("shape"));
+  const auto load_into = [&](const quintet::nn::gpt_config& model,
+                             const train::training_options& training) {
+    train::trainer<float, quintet::markov_source> trainer(source, model, training, exec);
+    train::load_checkpoint(trainer, ckpt::checkpoint_directory(saved.path()).open_latest());
+  };
+  SECTION("a wider model") {
+    auto wider = config;
+    wider.d_model = 24;
+    wider.heads = 4;
+    REQUIRE_THROWS_WITH(load_into(wider, options()), Catch::Contains("model.d_model = 16") &&
+                                                         Catch::Contains("this run has 24"));
+  }
+  SECTION("a deeper model (its first blocks' tensors would load)") {
+    auto deeper = config;
+    deeper.layers = config.layers + 1;
+    REQUIRE_THROWS_WITH(load_into(deeper, options()), Catch::Contains("model.layers"));
+  }
+  SECTION("another schedule: more steps, another seed") {
+    auto longer = options();
+    longer.steps = 12;
+    REQUIRE_THROWS_WITH(load_into(config, longer), Catch::Contains("schedule.steps = 6") &&
+                                                       Catch::Contains("this run has 12"));
+    auto reseeded = options();
+    reseeded.seed += 1;
+    REQUIRE_THROWS_WITH(load_into(config, reseeded), Catch::Contains("schedule.seed"));
+  }
+  SECTION("another format, or a version from the future") {
+    // The training state (after the index's own format and version) rewritten in index.json.
+    const auto index = ckpt::checkpoint_directory(saved.path()).checkpoint_path(1) / "index.json";
+    std::string text;
+    {
+      std::ifstream in(index);
+      text.assign(std::istreambuf_iterator<char>(in), {});
+    }
+    const auto rewrite = [&](std::string_view from, std::string_view to) {
+      std::string changed = text;
+      const auto at = changed.find(from, changed.find("\"state\""));
+      REQUIRE(at != std::string::npos);
+      changed.replace(at, from.size(), to);
+      std::ofstream(index, std::ios::trunc) << changed;
+    };
+    rewrite("\"quintet.trainer\"", "\"other.trainer\"");
+    REQUIRE_THROWS_WITH(load_into(config, options()),
+                        Catch::Contains("format 'other.trainer', expected quintet.trainer"));
+    rewrite("\"version\": 1", "\"version\": 99");
+    REQUIRE_THROWS_WITH(load_into(config, options()),
+                        Catch::Contains("trainer state version 99 is newer than this build's 1"));
+  }
 }
 
 TEST_CASE("a checkpoint exports as one plain safetensors file of the serial model's tensors",

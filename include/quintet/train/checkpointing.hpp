@@ -19,13 +19,15 @@
 // written by edp 0 (by every edp rank, each its shard, under ZeRO); on the pp axis, every stage
 // writes its own parameters and the tied table only its first stage (pp rank 0).
 //
-// The training state records the next step, AdamW's step count, the seed, the plan and the mesh;
-// the data position is the step (token sources are indexed by step).
+// The training state records the next step, AdamW's step count, the seed, the plan and the mesh,
+// and the run's definition (the model's options and the training schedule), which a resuming run
+// must match; the data position is the step (token sources are indexed by step).
 #pragma once
 
 #include <quintet/checkpoint/box.hpp>
 #include <quintet/checkpoint/checkpoint_directory.hpp>
 #include <quintet/checkpoint/checkpoint_reader.hpp>
+#include <quintet/checkpoint/json.hpp>
 #include <quintet/checkpoint/shard_file.hpp>
 #include <quintet/core/error.hpp>
 #include <quintet/mesh/mesh_axis.hpp>
@@ -215,6 +217,40 @@ void for_each_held(Trainer& trainer, Fn&& fn) {
   }
 }
 
+// What a run's numbers depend on besides its plan and mesh: the model (its shapes and the options
+// of its computation) and the training schedule (batch, learning-rate schedule, optimizer, seed).
+// Saved with the checkpoint; a run resumes it only if each member agrees. The plan, the mesh and
+// the micro-batches may differ; MoE routing groups too (a serial model routes as the dp ranks).
+template <class Trainer>
+checkpoint::json_object run_definition(const Trainer& trainer) {
+  const auto& m = trainer.model_config();  // nn::gpt_config
+  const auto& t = trainer.options();       // training_options
+  return {{"model", checkpoint::json_object{{"vocab", m.vocab},
+                                            {"max_seq", m.max_seq},
+                                            {"layers", m.layers},
+                                            {"d_model", m.d_model},
+                                            {"heads", m.heads},
+                                            {"mlp_hidden", m.hidden()},
+                                            {"tie_weights", m.tie_weights},
+                                            {"experts", m.experts},
+                                            {"top_k", m.top_k},
+                                            {"moe_every", m.moe_every},
+                                            {"capacity_factor", m.capacity_factor},
+                                            {"aux_loss_coef", m.aux_loss_coef},
+                                            {"z_loss_coef", m.z_loss_coef}}},
+          {"schedule", checkpoint::json_object{{"steps", t.steps},
+                                               {"batch", t.batch},
+                                               {"seq", t.seq},
+                                               {"lr", t.lr},
+                                               {"min_lr", t.min_lr},
+                                               {"warmup_steps", t.warmup_steps},
+                                               {"weight_decay", t.weight_decay},
+                                               {"beta1", t.beta1},
+                                               {"beta2", t.beta2},
+                                               {"clip_norm", t.clip_norm},
+                                               {"seed", t.seed}}}};
+}
+
 }  // namespace detail
 
 // Saves `trainer` (every rank of its plan calls it at the same point, between steps) as the
@@ -241,6 +277,7 @@ void save_checkpoint(Trainer& trainer, const checkpoint::checkpoint_directory& d
   state["step"] = step;
   state["optimizer_steps"] = static_cast<std::uint64_t>(trainer.optimizer().steps());
   state["seed"] = trainer.options().seed;
+  for (auto& [key, value] : detail::run_definition(trainer)) state[key] = std::move(value);
   state["plan"] = Trainer::plan_type::name();
   if constexpr (mesh_like<typename Trainer::mesh_type>) {
     auto& mesh = *trainer.mesh();
@@ -281,6 +318,22 @@ void load_checkpoint(Trainer& trainer, const checkpoint::checkpoint_reader& read
   QUINTET_CHECK(field("version").as_u64() <= trainer_checkpoint_version,
                 "checkpoint '{}': trainer state version {} is newer than this build's {}",
                 reader.directory().string(), field("version").as_u64(), trainer_checkpoint_version);
+  // The same model and schedule, checked member by member before any tensor is read.
+  for (const auto& [group, expected] : detail::run_definition(trainer)) {
+    const auto& saved = field(group);
+    for (const auto& [key, value] : expected.as_object()) {
+      const checkpoint::json_value* found = saved.find(key);
+      QUINTET_CHECK(found != nullptr && *found == value,
+                    "checkpoint '{}' was saved by a run with {}.{} = {}; this run has {} (resume "
+                    "with the saved run's model and schedule; the plan and mesh may differ)",
+                    reader.directory().string(), group, key,
+                    found ? checkpoint::dump_json(*found) : "(none)", checkpoint::dump_json(value));
+    }
+    QUINTET_CHECK(saved.as_object().size() == expected.as_object().size(),
+                  "checkpoint '{}': its {} has {} members, this build's {}",
+                  reader.directory().string(), group, saved.as_object().size(),
+                  expected.as_object().size());
+  }
   detail::for_each_held(
       trainer, [&](const auto& p, const std::string& name, auto held, mesh_axis_set) {
         const shape logical = p.placement.logical_shape(p.global_shape);
