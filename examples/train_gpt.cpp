@@ -629,12 +629,13 @@ void run_rank(const Source& source, const Source* held_out, const program_option
 // data, the stage code is the same), so the pipeline adds one instantiation, not eight. Its
 // stages are serial-plan stages: --tp, --sp, --sp-style and --zero 1-3 are refused with --pp.
 //
-//   --ep > 1    plan<dp<zero<0>>, ep<top_k<runtime_k>>>             {.dp, .ep}       whole
+//   --ep > 1    plan<dp<zero<0>>, tp<megatron_1d>, ep<top_k<runtime_k>>>   {.dp, .tp, .ep}
 // One row for every --top-k: the style's K only checks the model's k (the router's k is a model
 // option and changes no code), so top_k<runtime_k> takes the model's at run time — one
-// instantiation rather than one per k. ep subdivides dp (--dp must be a multiple of --ep); --tp,
-// --sp, --pp and --zero 1-3 are refused with --ep. A MoE model without --ep runs in any row but
-// tp or sp above 1 (its experts are not split over tp): each rank then holds every expert.
+// instantiation rather than one per k. ep subdivides dp (--dp must be a multiple of --ep); under
+// --tp every expert's hidden units are split over tp as the dense MLP's are. --sp, --sp-style,
+// --pp and --zero 1-3 are refused with --ep. A MoE model without --ep runs in the pipeline row
+// and in the rows without --sp-style, each rank holding every expert (under --tp, its slice).
 template <class Plan>
 struct plan_type {
   using type = Plan;
@@ -668,11 +669,11 @@ void with_plan(const program_options& options, Fn&& fn) {
     return fn(plan_type<quintet::plan<par::dp<par::zero<0>>, par::pp<par::named_schedule>>>{});
   }
   if (options.ep > 1) {
-    QUINTET_CHECK(options.zero == 0 && options.tp == 1 && options.sp_style == "none",
-                  "--ep {} runs with --dp only (ZeRO-0): --zero {}, --tp {}, --sp-style {}",
-                  options.ep, options.zero, options.tp, options.sp_style);
-    return fn(
-        plan_type<quintet::plan<par::dp<par::zero<0>>, par::ep<par::top_k<par::runtime_k>>>>{});
+    QUINTET_CHECK(options.zero == 0 && options.sp_style == "none",
+                  "--ep {} runs with --dp (ZeRO-0) and --tp: --zero {}, --sp-style {}", options.ep,
+                  options.zero, options.sp_style);
+    return fn(plan_type<quintet::plan<par::dp<par::zero<0>>, par::tp<par::megatron_1d>,
+                                      par::ep<par::top_k<par::runtime_k>>>>{});
   }
   switch (options.zero) {
     case 0:
@@ -757,11 +758,11 @@ void check_expert_options(const program_options& options) {
   QUINTET_CHECK(m.experts % options.ep == 0,
                 "--experts {} do not divide over --ep {}: each ep rank holds experts / ep of them",
                 m.experts, options.ep);
-  QUINTET_CHECK(options.tp == 1 && options.sp == 1,
-                "--experts {} with --tp {} --sp {}: a mixture-of-experts layer's experts are not "
-                "split over tensor parallelism, nor its tokens over sequence parallelism, yet "
-                "(use --dp and --ep)",
-                m.experts, options.tp, options.sp);
+  QUINTET_CHECK(options.sp == 1 && options.sp_style == "none",
+                "--experts {} with --sp {} --sp-style {}: a mixture-of-experts layer's tokens "
+                "split over sequence parallelism are not built yet (its experts split over --ep "
+                "and --tp)",
+                m.experts, options.sp, options.sp_style);
   QUINTET_CHECK(options.ep == 1 || (options.pp == 1 && options.zero == 0),
                 "--ep {} with --pp {} --zero {}: expert parallelism composes with --dp (ZeRO-0) "
                 "only so far (MoE without --ep runs in pipelines and under ZeRO)",

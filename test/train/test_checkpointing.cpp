@@ -35,6 +35,8 @@ using pp_plan = quintet::plan<par::dp<par::zero<0>>, par::pp<par::named_schedule
 using ep_plan = quintet::plan<par::dp<par::zero<0>>, par::ep<par::top_k<2>>>;
 template <int Stage>
 using ep_zero_plan = quintet::plan<par::dp<par::zero<Stage>>, par::ep<par::top_k<2>>>;
+using tp_ep_plan =
+    quintet::plan<par::dp<par::zero<0>>, par::tp<par::megatron_1d>, par::ep<par::top_k<2>>>;
 
 // The parity model with 4 experts (top-2, with drops) in every block.
 quintet::nn::gpt_config moe_config() {
@@ -204,6 +206,11 @@ TEST_CASE("a checkpoint saved under one plan loads under another", "[parity][che
   SECTION("MoE: dp 4 over ep 2, ZeRO-2 (experts' shards over edp) -> serial MoE, and back") {
     check_reshard<ep_zero_plan<2>, quintet::serial_plan>({.dp = 4, .ep = 2}, {}, moe_config());
     check_reshard<quintet::serial_plan, ep_zero_plan<2>>({}, {.dp = 4, .ep = 2}, moe_config());
+  }
+  SECTION("MoE: dp 2 over ep 2 x tp 2 (each expert's hidden units split over tp) -> serial, and "
+          "back") {
+    check_reshard<tp_ep_plan, quintet::serial_plan>({.dp = 2, .tp = 2, .ep = 2}, {}, moe_config());
+    check_reshard<quintet::serial_plan, tp_ep_plan>({}, {.dp = 2, .tp = 2, .ep = 2}, moe_config());
   }
   SECTION("Megatron-SP tp 2 x dp 2 ZeRO-2 -> serial") {
     using msp =

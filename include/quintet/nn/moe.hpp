@@ -17,6 +17,13 @@
 // equal consecutive groups; the grouped products then run over (group, expert), group-major, as
 // under ep over (source rank, local expert).
 //
+// Under parallel::tp<megatron_1d> every expert is split as nn::mlp is (Megatron's expert tensor
+// parallelism): each tp rank holds hidden / tp of every expert's hidden units — fc weight rows and
+// bias (sharded(tp, 0)), proj weight columns (sharded(tp, 1)) — and computes a partial output,
+// summed over tp (all-reduce) before the replicated proj bias is added; in backward the partial
+// input gradient of the experts is summed the same way. The router is replicated: every tp rank
+// sees the same tokens and routes them alike, so nothing else communicates over tp.
+//
 // Under parallel::ep<top_k<K>> (docs/expert_parallel.md) each ep rank routes its own tokens (ep
 // subdivides dp) with its own capacity and auxiliary losses (Switch's per-device statistics), and
 // holds experts [rank E / ep, (rank + 1) E / ep) only: their parameters keep their global names and
@@ -66,31 +73,59 @@ struct moe_options {
   std::int64_t groups = 1;         // routing groups per forward (1 under ep)
 };
 
-// A MoE layer sees whole activations: under a mesh, tp and sp must be 1 (experts split column/row
-// over tp, and tokens over sp, are not built yet). Nothing to check without a mesh.
-template <class Mesh>
+// A MoE layer routes whole activations: every tp rank sees all of its tokens. So under a mesh sp
+// must be 1 (tokens split over a sequence-parallel group are not built yet), and tp above 1 needs
+// the plan's tp<...> (which splits the experts) without Megatron-SP's sequence sharding on tp.
+// Nothing to check without a mesh.
+template <class Plan, class Mesh>
 void check_moe_mesh(const std::string& name, Mesh* mesh) {
   if constexpr (mesh_like<Mesh>) {
-    QUINTET_CHECK(mesh == nullptr || (mesh->degrees().tp == 1 && mesh->degrees().sp == 1),
-                  "moe '{}': experts split over tensor parallelism (tp = {}) or tokens over "
-                  "sequence parallelism (sp = {}) are not built yet; a mixture-of-experts layer "
-                  "needs tp = sp = 1 (use ep to split the experts)",
-                  name, mesh->degrees().tp, mesh->degrees().sp);
+    if (mesh == nullptr) return;
+    const mesh_degrees& d = mesh->degrees();
+    QUINTET_CHECK(d.sp == 1,
+                  "moe '{}': tokens split over sequence parallelism (sp = {}) are not built yet; "
+                  "a mixture-of-experts layer needs sp = 1",
+                  name, d.sp);
+    QUINTET_CHECK(d.tp == 1 || (parallel::uses_tensor_parallel<Plan> &&
+                                !parallel::shards_sequence_on_tp<Plan>),
+                  "moe '{}': tp = {} {}; a mixture-of-experts layer splits its experts over tp "
+                  "under tp<megatron_1d> with whole sequences (no megatron_sp)",
+                  name, d.tp,
+                  parallel::uses_tensor_parallel<Plan>
+                      ? "with the sequence sharded on tp (megatron_sp) is not built yet"
+                      : "without a tensor-parallel policy in the plan");
   } else {
     (void)name, (void)mesh;
   }
 }
+
+namespace detail {
+
+// The tp group a MoE layer sums its experts' partial outputs over: none without tp<...>.
+struct no_moe_tp_group {};
+template <class Plan, class Mesh>
+struct moe_tp_group {
+  using type = no_moe_tp_group;
+};
+template <class Plan, mesh_like Mesh>
+requires parallel::uses_tensor_parallel<Plan>
+struct moe_tp_group<Plan, Mesh> {
+  using type = communicator_of<Mesh>*;
+};
+
+}  // namespace detail
 
 template <class T, class Device, class Plan = serial_plan, class Mesh = parallel::no_mesh>
 class moe {
   static_assert(parallel::mesh_for<Mesh, Plan>,
                 "nn::moe<T, Device, Plan, Mesh>: a parallel plan needs a device mesh type "
                 "(Mesh = device_mesh<Comm>), not parallel::no_mesh");
-  // Experts split column/row over tp, and tokens split over a sequence-parallel group, are not
-  // built yet: a plan with tp<...> or sp<...> is accepted at degree 1 only (checked at
-  // construction), where every rank sees whole activations, as the serial layer does.
+  // Tokens split over a sequence-parallel group are not built yet: a plan with sp<...> is accepted
+  // at degree 1 only (checked at construction), where every rank sees whole activations.
   static constexpr bool expert_parallel = parallel::uses_expert_parallel<Plan>;
+  static constexpr bool tensor_parallel = parallel::uses_tensor_parallel<Plan>;
   using exchange_type = typename parallel::expert_exchange_for<Plan, Mesh>::type;
+  using tp_group_type = typename detail::moe_tp_group<Plan, Mesh>::type;
 
  public:
   moe(parameter_registry<T, Device>& registry, const execution<Device>& exec, std::string name,
@@ -99,9 +134,10 @@ class moe {
       : exec_(exec),
         name_(std::move(name)),
         d_model_(d_model),
-        hidden_(hidden),
         experts_(options.experts),
         exchange_(make_exchange(name_, mesh, d_model, hidden, options)),
+        tp_(make_tp_group(name_, mesh, hidden)),
+        hidden_here_(hidden / tp_size()),
         router_(registry, exec, name_ + ".router", d_model,
                 {.experts = options.experts,
                  .top_k = options.top_k,
@@ -118,17 +154,21 @@ class moe {
                   "own tokens as one group",
                   name_, options.groups);
     const parallel::expert_ownership own = ownership();
-    // This rank's experts, under their global names; under ep owned by this ep rank.
+    // This rank's experts, under their global names and shapes; under ep owned by this ep rank,
+    // under tp its slice of the hidden units (fc rows, proj columns; proj's bias whole).
     const parallel::placement where =
         expert_parallel ? parallel::placement::replicated().owned_by(mesh_axis::ep, own.rank)
                         : parallel::placement::replicated();
+    const parallel::placement fc_where = tensor_parallel ? where.sharded(mesh_axis::tp, 0) : where;
+    const parallel::placement proj_where =
+        tensor_parallel ? where.sharded(mesh_axis::tp, 1) : where;
     for (std::int64_t e = own.first_expert(); e < own.first_expert() + own.local_experts(); ++e) {
       const std::string expert = name_ + ".experts." + std::to_string(e);
       fc_weight_.push_back(
-          &add_weight(registry, expert + ".fc", hidden, d_model, options.init_stddev, where));
-      fc_bias_.push_back(&add_bias(registry, expert + ".fc", hidden, where));
+          &add_weight(registry, expert + ".fc", hidden, d_model, options.init_stddev, fc_where));
+      fc_bias_.push_back(&add_bias(registry, expert + ".fc", hidden, fc_where));
       proj_weight_.push_back(&add_weight(registry, expert + ".proj", d_model, hidden,
-                                         options.proj_init_stddev, where));
+                                         options.proj_init_stddev, proj_where));
       proj_bias_.push_back(&add_bias(registry, expert + ".proj", d_model, where));
     }
   }
@@ -164,16 +204,19 @@ class moe {
     } else {
       kernels::permute_rows(exec_, rows, position, dispatched);
     }
-    auto& h = ctx.template save<T>(name_ + ".fc_output", shape{here, hidden_});  // before GELU
+    auto& h =
+        ctx.template save<T>(name_ + ".fc_output", shape{here, hidden_here_});  // before GELU
     kernels::grouped_matmul(exec_, dispatched, offsets, values(fc_weight_, offsets), h,
                             {.transpose_b = true});
     kernels::grouped_bias_add(exec_, h, offsets, values(fc_bias_, offsets));
-    auto& a = ctx.template save<T>(name_ + ".gelu_output", shape{here, hidden_});
+    auto& a = ctx.template save<T>(name_ + ".gelu_output", shape{here, hidden_here_});
     kernels::gelu_forward(exec_, h, a);
-    // The experts' output, in this rank's permuted order (under ep: combined back).
+    // The experts' output, in this rank's permuted order (under ep: combined back); under tp the
+    // partial products summed over tp before the bias.
     const auto experts_output = [&](auto&& out) {
       kernels::grouped_matmul(exec_, a, offsets, values(proj_weight_, offsets), out,
                               {.transpose_b = true});
+      sum_over_tp(out);
       kernels::grouped_bias_add(exec_, out, offsets, values(proj_bias_, offsets));
     };
     auto& out = ctx.template save<T>(name_ + ".expert_output", shape{sent_rows(ctx), d_model_});
@@ -229,12 +272,13 @@ class moe {
     } else {
       gate(dout);
     }
-    quintet::tensor<T, Device> da(shape{here, hidden_});
+    quintet::tensor<T, Device> da(shape{here, hidden_here_});
     kernels::grouped_matmul(exec_, dout, offsets, values(proj_weight_, offsets), da);
-    auto& dh = ctx.template save<T>(name_ + ".fc_output_grad", shape{here, hidden_});
+    auto& dh = ctx.template save<T>(name_ + ".fc_output_grad", shape{here, hidden_here_});
     kernels::gelu_backward(exec_, ctx.template get<T>(name_ + ".fc_output"), da, dh);
     quintet::tensor<T, Device> ddispatched(shape{here, d_model_});
     kernels::grouped_matmul(exec_, dh, offsets, values(fc_weight_, offsets), ddispatched);
+    sum_over_tp(ddispatched);  // under tp: each rank's hidden units gave a summand
     if constexpr (expert_parallel) {
       quintet::tensor<T, Device> back(shape{sent, d_model_});  // this rank's rows, by expert
       exchange_.combine(counts(ctx), ddispatched.view(), back.view());
@@ -313,11 +357,37 @@ class moe {
                         weight_decay::exempt);
   }
 
+  // Under tp: the mesh's tp group, which the hidden units divide over.
+  static tp_group_type make_tp_group(const std::string& name, Mesh* mesh, std::int64_t hidden) {
+    if constexpr (tensor_parallel) {
+      QUINTET_CHECK(mesh != nullptr, "moe '{}': a plan with tp<...> needs the device mesh", name);
+      QUINTET_CHECK(hidden % mesh->tp().size() == 0,
+                    "moe '{}': {} hidden units per expert do not divide over tp = {}", name, hidden,
+                    mesh->tp().size());
+      return &mesh->tp();
+    } else {
+      (void)name, (void)mesh, (void)hidden;
+      return tp_group_type{};
+    }
+  }
+  int tp_size() const {
+    if constexpr (tensor_parallel) {
+      return tp_->size();
+    } else {
+      return 1;
+    }
+  }
+  // Under tp: the partial products of this rank's hidden units summed over the tp group.
+  void sum_over_tp(quintet::tensor<T, Device>& partial) {
+    if constexpr (tensor_parallel) tp_->all_reduce(partial, reduce_op::sum);
+    (void)partial;
+  }
+
   // Under ep: the style's checks of the layer (experts divide over ep, K is the layer's k), then
   // the exchange over the mesh's ep group.
   static exchange_type make_exchange(const std::string& name, Mesh* mesh, std::int64_t d_model,
                                      std::int64_t hidden, const moe_options& options) {
-    check_moe_mesh(name, mesh);
+    check_moe_mesh<Plan>(name, mesh);
     if constexpr (expert_parallel) {
       QUINTET_CHECK(mesh != nullptr, "moe '{}': a plan with ep<...> needs the device mesh", name);
       using style = typename Plan::template style<parallel::strategy::expert>;
@@ -384,11 +454,13 @@ class moe {
 
   const execution<Device>& exec_;
   std::string name_;
-  std::int64_t d_model_, hidden_;
+  std::int64_t d_model_;
   std::int64_t experts_;
   [[no_unique_address]] exchange_type exchange_;  // under ep: the ep group's exchange
+  [[no_unique_address]] tp_group_type tp_;        // under tp: the group the experts split over
+  std::int64_t hidden_here_;                      // hidden units of each expert on this rank
   router<T, Device> router_;
-  // Per expert: fc (hidden, d), (hidden); proj (d, hidden), (d).
+  // Per expert: fc (hidden, d), (hidden); proj (d, hidden), (d) (under tp: hidden / tp of each).
   std::vector<parameter<T, Device>*> fc_weight_, fc_bias_, proj_weight_, proj_bias_;
   routing_statistics last_;
 };

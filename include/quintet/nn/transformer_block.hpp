@@ -55,10 +55,11 @@ struct block_options {
 
 template <class T, class Device, class Plan = serial_plan, class Mesh = parallel::no_mesh>
 class transformer_block {
-  // Without ep a MoE layer runs alone on every rank whatever the plan (it needs tp = sp = 1): the
+  // Without ep or tp a MoE layer runs alone on every rank whatever the plan (it needs sp = 1): the
   // serial layer, one instantiation for every such plan.
-  static constexpr bool expert_parallel = parallel::uses_expert_parallel<Plan>;
-  using moe_type = std::conditional_t<expert_parallel, moe<T, Device, Plan, Mesh>, moe<T, Device>>;
+  static constexpr bool parallel_moe =
+      parallel::uses_expert_parallel<Plan> || parallel::uses_tensor_parallel<Plan>;
+  using moe_type = std::conditional_t<parallel_moe, moe<T, Device, Plan, Mesh>, moe<T, Device>>;
 
  public:
   transformer_block(parameter_registry<T, Device>& registry, const execution<Device>& exec,
@@ -75,11 +76,11 @@ class transformer_block {
       moe_options experts = *options.moe;
       experts.init_stddev = options.init_stddev;
       experts.proj_init_stddev = options.proj_init_stddev;
-      if constexpr (expert_parallel) {
+      if constexpr (parallel_moe) {
         moe_.emplace(registry, exec, name + ".moe", options.d_model, options.mlp_hidden, experts,
                      mesh);
       } else {
-        check_moe_mesh(name + ".moe", mesh);
+        check_moe_mesh<Plan>(name + ".moe", mesh);
         moe_.emplace(registry, exec, name + ".moe", options.d_model, options.mlp_hidden, experts);
       }
       routing_.kept.assign(static_cast<std::size_t>(experts.experts), 0);
