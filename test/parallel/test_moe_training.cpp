@@ -132,20 +132,46 @@ TEST_CASE("a MoE GPT under ep with ZeRO-1/2/3 trains like the serial MoE GPT",
   }
 }
 
+// Under tp each rank holds a slice of every expert it holds: hidden / tp of the fc weight's rows
+// and bias and of the proj weight's columns, the proj bias whole (compared: the elements of the
+// rank's block of each tensor).
+void require_experts_split_over_tp(const train::parity_report& report, int tp) {
+  const std::int64_t d = config.d_model, share = config.hidden() / tp;
+  std::int64_t sliced = 0;
+  for (const auto& p : report.parameters) {
+    if (p.name.find(".experts.") == std::string::npos) continue;
+    INFO("rank " << p.rank << " " << p.name << ": " << p.compared << " elements");
+    if (p.name.ends_with(".fc.weight") || p.name.ends_with(".proj.weight")) {
+      REQUIRE(p.compared == share * d);
+      ++sliced;
+    } else if (p.name.ends_with(".fc.bias")) {
+      REQUIRE(p.compared == share);
+    } else {
+      REQUIRE(p.compared == d);  // proj.bias
+    }
+  }
+  REQUIRE(sliced > 0);
+}
+
 TEST_CASE("a MoE GPT with its experts split over tp trains like the serial MoE GPT",
           "[parity][expert][moe]") {
   // Each tp rank holds hidden / tp of every expert it holds (fc rows, proj columns) and sums the
   // partial outputs over tp; the router is replicated and routes alike on every tp rank.
   SECTION("tp 2, tokens dropped") {
-    require_parity<tp_plan>(moe_model(4, 2, 1.0), moe_training(), {.tp = 2});
+    require_experts_split_over_tp(
+        require_parity<tp_plan>(moe_model(4, 2, 1.0), moe_training(), {.tp = 2}), 2);
   }
   SECTION("dp 2 over ep 2, x tp 2, tokens dropped, 2 micro-batches") {
-    require_parity<tp_ep_plan<0>>(moe_model(4, 2, 1.0), moe_training(2),
-                                  {.dp = 2, .tp = 2, .ep = 2});
+    require_experts_split_over_tp(
+        require_parity<tp_ep_plan<0>>(moe_model(4, 2, 1.0), moe_training(2),
+                                      {.dp = 2, .tp = 2, .ep = 2}),
+        2);
   }
   SECTION("dp 4 over ep 2, x tp 2, ZeRO-3, dropless") {
-    require_parity<tp_ep_plan<3>>(moe_model(4, 2, 0.0), moe_training(),
-                                  {.dp = 4, .tp = 2, .ep = 2});
+    require_experts_split_over_tp(
+        require_parity<tp_ep_plan<3>>(moe_model(4, 2, 0.0), moe_training(),
+                                      {.dp = 4, .tp = 2, .ep = 2}),
+        2);
   }
 }
 

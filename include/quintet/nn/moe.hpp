@@ -6,6 +6,7 @@
 //   x (tokens, d) -> router -> permute (rows grouped by expert, token order within an expert)
 //     [ep: exchange counts, all_to_all_v the rows to the experts' owners]
 //     -> fc: one grouped product over the groups -> GELU -> proj: grouped product
+//     [tp: all-reduce the partial rows over tp] -> + proj bias
 //     [ep: all_to_all_v the rows back]
 //     -> unpermute, weight by gates, sum per token in slot order -> y (tokens, d)
 //
@@ -20,9 +21,10 @@
 // Under parallel::tp<megatron_1d> every expert is split as nn::mlp is (Megatron's expert tensor
 // parallelism): each tp rank holds hidden / tp of every expert's hidden units — fc weight rows and
 // bias (sharded(tp, 0)), proj weight columns (sharded(tp, 1)) — and computes a partial output,
-// summed over tp (all-reduce) before the replicated proj bias is added; in backward the partial
-// input gradient of the experts is summed the same way. The router is replicated: every tp rank
-// sees the same tokens and routes them alike, so nothing else communicates over tp.
+// summed over tp (parallel::sum_partial_over_tp) before the replicated proj bias is added; in
+// backward the partial input gradient of the experts is summed the same way. The router is
+// replicated: every tp rank sees the same tokens and routes them alike, so nothing else
+// communicates over tp.
 //
 // Under parallel::ep<top_k<K>> (docs/expert_parallel.md) each ep rank routes its own tokens (ep
 // subdivides dp) with its own capacity and auxiliary losses (Switch's per-device statistics), and
@@ -37,14 +39,17 @@
 #include <quintet/kernels/elementwise.hpp>
 #include <quintet/kernels/execution.hpp>
 #include <quintet/kernels/moe.hpp>
+#include <quintet/mesh/mesh_like.hpp>
 #include <quintet/nn/context.hpp>
 #include <quintet/nn/parameter.hpp>
 #include <quintet/nn/router.hpp>
 #include <quintet/parallel/expert/expert_exchange.hpp>
+#include <quintet/parallel/mappings.hpp>
 #include <quintet/parallel/mesh_for.hpp>
 #include <quintet/parallel/no_mesh.hpp>
 #include <quintet/parallel/placement.hpp>
 #include <quintet/parallel/plan.hpp>
+#include <quintet/parallel/projections.hpp>
 #include <quintet/parallel/strategy.hpp>
 #include <quintet/tensor/reshape.hpp>
 #include <quintet/tensor/tensor.hpp>
@@ -99,22 +104,6 @@ void check_moe_mesh(const std::string& name, Mesh* mesh) {
   }
 }
 
-namespace detail {
-
-// The tp group a MoE layer sums its experts' partial outputs over: none without tp<...>.
-struct no_moe_tp_group {};
-template <class Plan, class Mesh>
-struct moe_tp_group {
-  using type = no_moe_tp_group;
-};
-template <class Plan, mesh_like Mesh>
-requires parallel::uses_tensor_parallel<Plan>
-struct moe_tp_group<Plan, Mesh> {
-  using type = communicator_of<Mesh>*;
-};
-
-}  // namespace detail
-
 template <class T, class Device, class Plan = serial_plan, class Mesh = parallel::no_mesh>
 class moe {
   static_assert(parallel::mesh_for<Mesh, Plan>,
@@ -125,7 +114,6 @@ class moe {
   static constexpr bool expert_parallel = parallel::uses_expert_parallel<Plan>;
   static constexpr bool tensor_parallel = parallel::uses_tensor_parallel<Plan>;
   using exchange_type = typename parallel::expert_exchange_for<Plan, Mesh>::type;
-  using tp_group_type = typename detail::moe_tp_group<Plan, Mesh>::type;
 
  public:
   moe(parameter_registry<T, Device>& registry, const execution<Device>& exec, std::string name,
@@ -136,8 +124,8 @@ class moe {
         d_model_(d_model),
         experts_(options.experts),
         exchange_(make_exchange(name_, mesh, d_model, hidden, options)),
-        tp_(make_tp_group(name_, mesh, hidden)),
-        hidden_here_(hidden / tp_size()),
+        mesh_(mesh),
+        hidden_here_(hidden_share(name_, mesh, hidden)),
         router_(registry, exec, name_ + ".router", d_model,
                 {.experts = options.experts,
                  .top_k = options.top_k,
@@ -204,8 +192,7 @@ class moe {
     } else {
       kernels::permute_rows(exec_, rows, position, dispatched);
     }
-    auto& h =
-        ctx.template save<T>(name_ + ".fc_output", shape{here, hidden_here_});  // before GELU
+    auto& h = ctx.template save<T>(name_ + ".fc_output", shape{here, hidden_here_});  // before GELU
     kernels::grouped_matmul(exec_, dispatched, offsets, values(fc_weight_, offsets), h,
                             {.transpose_b = true});
     kernels::grouped_bias_add(exec_, h, offsets, values(fc_bias_, offsets));
@@ -216,7 +203,7 @@ class moe {
     const auto experts_output = [&](auto&& out) {
       kernels::grouped_matmul(exec_, a, offsets, values(proj_weight_, offsets), out,
                               {.transpose_b = true});
-      sum_over_tp(out);
+      parallel::sum_partial_over_tp<Plan>(mesh_, out);
       kernels::grouped_bias_add(exec_, out, offsets, values(proj_bias_, offsets));
     };
     auto& out = ctx.template save<T>(name_ + ".expert_output", shape{sent_rows(ctx), d_model_});
@@ -278,7 +265,7 @@ class moe {
     kernels::gelu_backward(exec_, ctx.template get<T>(name_ + ".fc_output"), da, dh);
     quintet::tensor<T, Device> ddispatched(shape{here, d_model_});
     kernels::grouped_matmul(exec_, dh, offsets, values(fc_weight_, offsets), ddispatched);
-    sum_over_tp(ddispatched);  // under tp: each rank's hidden units gave a summand
+    parallel::sum_partial_over_tp<Plan>(mesh_, ddispatched);  // each rank's hidden units' part
     if constexpr (expert_parallel) {
       quintet::tensor<T, Device> back(shape{sent, d_model_});  // this rank's rows, by expert
       exchange_.combine(counts(ctx), ddispatched.view(), back.view());
@@ -357,30 +344,13 @@ class moe {
                         weight_decay::exempt);
   }
 
-  // Under tp: the mesh's tp group, which the hidden units divide over.
-  static tp_group_type make_tp_group(const std::string& name, Mesh* mesh, std::int64_t hidden) {
-    if constexpr (tensor_parallel) {
-      QUINTET_CHECK(mesh != nullptr, "moe '{}': a plan with tp<...> needs the device mesh", name);
-      QUINTET_CHECK(hidden % mesh->tp().size() == 0,
-                    "moe '{}': {} hidden units per expert do not divide over tp = {}", name, hidden,
-                    mesh->tp().size());
-      return &mesh->tp();
-    } else {
-      (void)name, (void)mesh, (void)hidden;
-      return tp_group_type{};
-    }
-  }
-  int tp_size() const {
-    if constexpr (tensor_parallel) {
-      return tp_->size();
-    } else {
-      return 1;
-    }
-  }
-  // Under tp: the partial products of this rank's hidden units summed over the tp group.
-  void sum_over_tp(quintet::tensor<T, Device>& partial) {
-    if constexpr (tensor_parallel) tp_->all_reduce(partial, reduce_op::sum);
-    (void)partial;
+  // The hidden units of each expert this rank holds: hidden / tp (hidden without tp).
+  static std::int64_t hidden_share(const std::string& name, Mesh* mesh, std::int64_t hidden) {
+    const int tp = parallel::projections<T, Device, Plan, Mesh>::tp_size(mesh);
+    QUINTET_CHECK(hidden % tp == 0,
+                  "moe '{}': {} hidden units per expert do not divide over tp = {}", name, hidden,
+                  tp);
+    return hidden / tp;
   }
 
   // Under ep: the style's checks of the layer (experts divide over ep, K is the layer's k), then
@@ -457,7 +427,7 @@ class moe {
   std::int64_t d_model_;
   std::int64_t experts_;
   [[no_unique_address]] exchange_type exchange_;  // under ep: the ep group's exchange
-  [[no_unique_address]] tp_group_type tp_;        // under tp: the group the experts split over
+  Mesh* mesh_;                                    // under tp: the experts' partials summed there
   std::int64_t hidden_here_;                      // hidden units of each expert on this rank
   router<T, Device> router_;
   // Per expert: fc (hidden, d), (hidden); proj (d, hidden), (d) (under tp: hidden / tp of each).

@@ -7,6 +7,9 @@
 //                           sequence block (megatron_sp)
 //   with_whole_rows         the (b, s, h) rows a vocabulary-parallel op reads: as kept, or under
 //                           megatron_sp gathered from the tp group's sequence blocks
+//   sum_partial_over_tp     (n, h) partial sums of a layer whose tp ranks all hold the same rows
+//                           (experts split over tp, nn::moe): none (no tp) | all-reduce over tp,
+//                           in place
 // (The loss of a rank's rows becomes the micro-batch's through sequence_of<Plan>::complete_loss.)
 #pragma once
 
@@ -45,6 +48,17 @@ void with_whole_rows(Mesh* mesh, const View& kept, F&& f) {
     f(gather_sequence(mesh->tp(), view_of(kept)).view());
   } else {
     f(view_of(kept));
+  }
+}
+
+// partial (n, h), the same rows on every tp rank -> their sum over tp, in place. (A layer that
+// uses it refuses megatron_sp at tp > 1: its rows are whole on every tp rank.)
+template <class Plan, class Mesh, class T, class Device>
+void sum_partial_over_tp(Mesh* mesh, quintet::tensor<T, Device>& partial) {
+  if constexpr (uses_tensor_parallel<Plan>) {
+    mesh->tp().all_reduce(partial, reduce_op::sum);
+  } else {
+    (void)mesh, (void)partial;
   }
 }
 
