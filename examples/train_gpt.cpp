@@ -624,10 +624,12 @@ void run_rank(const Source& source, const Source* held_out, const program_option
 //
 // (A single rank with no --sp-style is the serial model, plan serial_plan and no mesh.)
 //
-//   --pp > 1    plan<dp<zero<0>>, pp<named_schedule>>               {.dp, .pp}       whole
+//   --pp > 1    plan<dp<zero<0>>, tp<megatron_1d>, pp<named_schedule>>   {.dp, .tp, .pp}  whole
 // One row for every schedule: pp<named_schedule> takes --schedule at run time (the schedules are
 // data, the stage code is the same), so the pipeline adds one instantiation, not eight. Its
-// stages are serial-plan stages: --tp, --sp, --sp-style and --zero 1-3 are refused with --pp.
+// stages are the plan's: under --tp each stage's layers are split over its tp ranks. --sp,
+// --sp-style and --zero 1-3 are refused with --pp here (the library composes pp with the sequence
+// styles; each would be one more row).
 //
 //   --ep > 1    plan<dp<zero<0>>, tp<megatron_1d>, ep<top_k<runtime_k>>>   {.dp, .tp, .ep}
 // One row for every --top-k: the style's K only checks the model's k (the router's k is a model
@@ -663,10 +665,11 @@ template <class Fn>
 void with_plan(const program_options& options, Fn&& fn) {
   namespace par = quintet::parallel;
   if (options.pp > 1) {
-    QUINTET_CHECK(options.zero == 0 && options.tp == 1 && options.sp_style == "none",
-                  "--pp {} runs with --dp only (ZeRO-0): --zero {}, --tp {}, --sp-style {}",
-                  options.pp, options.zero, options.tp, options.sp_style);
-    return fn(plan_type<quintet::plan<par::dp<par::zero<0>>, par::pp<par::named_schedule>>>{});
+    QUINTET_CHECK(options.zero == 0 && options.sp_style == "none",
+                  "--pp {} runs with --dp (ZeRO-0) and --tp: --zero {}, --sp-style {}", options.pp,
+                  options.zero, options.sp_style);
+    return fn(plan_type<quintet::plan<par::dp<par::zero<0>>, par::tp<par::megatron_1d>,
+                                      par::pp<par::named_schedule>>>{});
   }
   if (options.ep > 1) {
     QUINTET_CHECK(options.zero == 0 && options.sp_style == "none",
@@ -810,11 +813,12 @@ void check_parallel_options(const program_options& options) {
                                : std::string());
   check_expert_options(options);
   if (options.pp > 1) {
-    // The stages are serial-plan GPT stages: nothing inside them is sharded yet.
-    QUINTET_CHECK(options.tp == 1 && options.sp == 1 && options.sp_style == "none",
-                  "--pp {} with --tp {} --sp {} --sp-style {}: pipeline parallelism composes with "
-                  "--dp only so far (its stages run no tensor or sequence parallelism inside)",
-                  options.pp, options.tp, options.sp, options.sp_style);
+    // train_gpt's pipeline row splits its stages over tp; the sequence styles are not in it.
+    QUINTET_CHECK(options.sp == 1 && options.sp_style == "none",
+                  "--pp {} with --sp {} --sp-style {}: train_gpt composes pipeline parallelism "
+                  "with --dp and --tp (the library also with sp<...>: one plan row each, not "
+                  "built here)",
+                  options.pp, options.sp, options.sp_style);
     QUINTET_CHECK(options.zero == 0,
                   "--pp {} with --zero {}: pipeline parallelism composes with ZeRO-0 (DDP) only "
                   "so far",

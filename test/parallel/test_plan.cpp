@@ -97,6 +97,12 @@ TEST_CASE("a plan folds the axes its styles run on and replicate the batch over"
   // Not implemented yet, but already stated: data parallelism splits the batch over dp.
   STATIC_REQUIRE(parallel::strategy_traits<parallel::zero<1>>::batch_split_axes ==
                  mesh_axis_set{mesh_axis::dp});
+  // The batch check compares every replicated axis but the pipeline's, whose ranks run their
+  // stages' forwards at different times.
+  STATIC_REQUIRE(tp_ring::batch_checked_axes == tp_ring::batch_replicated_axes);
+  using tp_pp = quintet::plan<parallel::tp<parallel::megatron_1d>, parallel::pp<parallel::gpipe>>;
+  STATIC_REQUIRE(tp_pp::batch_replicated_axes == mesh_axis_set{mesh_axis::tp, mesh_axis::pp});
+  STATIC_REQUIRE(tp_pp::batch_checked_axes == mesh_axis_set{mesh_axis::tp});
 }
 
 TEST_CASE("a plan folds which gradients its styles leave partial", "[parallel][plan]") {

@@ -32,6 +32,8 @@ namespace ckpt = quintet::checkpoint;
 template <int Stage>
 using dp_plan = quintet::plan<par::dp<par::zero<Stage>>>;
 using pp_plan = quintet::plan<par::dp<par::zero<0>>, par::pp<par::named_schedule>>;
+using tp_pp_plan =
+    quintet::plan<par::dp<par::zero<0>>, par::tp<par::megatron_1d>, par::pp<par::named_schedule>>;
 using ep_plan = quintet::plan<par::dp<par::zero<0>>, par::ep<par::top_k<2>>>;
 template <int Stage>
 using ep_zero_plan = quintet::plan<par::dp<par::zero<Stage>>, par::ep<par::top_k<2>>>;
@@ -199,6 +201,10 @@ TEST_CASE("a checkpoint saved under one plan loads under another", "[parity][che
     check_reshard<pp_plan, dp_plan<3>>({.dp = 2, .pp = 2}, {.dp = 4});
     check_reshard<dp_plan<3>, pp_plan>({.dp = 4}, {.dp = 2, .pp = 2});
   }
+  SECTION("tp 2 x pp 2 -> dp 4 ZeRO-3, and back") {
+    check_reshard<tp_pp_plan, dp_plan<3>>({.pp = 2, .tp = 2}, {.dp = 4});
+    check_reshard<dp_plan<3>, tp_pp_plan>({.dp = 4}, {.pp = 2, .tp = 2});
+  }
   SECTION("MoE: ep 2 (experts split over the ranks) -> serial MoE, and back") {
     check_reshard<ep_plan, quintet::serial_plan>({.dp = 2, .ep = 2}, {}, moe_config());
     check_reshard<quintet::serial_plan, ep_plan>({}, {.dp = 2, .ep = 2}, moe_config());
@@ -207,8 +213,9 @@ TEST_CASE("a checkpoint saved under one plan loads under another", "[parity][che
     check_reshard<ep_zero_plan<2>, quintet::serial_plan>({.dp = 4, .ep = 2}, {}, moe_config());
     check_reshard<quintet::serial_plan, ep_zero_plan<2>>({}, {.dp = 4, .ep = 2}, moe_config());
   }
-  SECTION("MoE: dp 2 over ep 2 x tp 2 (each expert's hidden units split over tp) -> serial, and "
-          "back") {
+  SECTION(
+      "MoE: dp 2 over ep 2 x tp 2 (each expert's hidden units split over tp) -> serial, and "
+      "back") {
     check_reshard<tp_ep_plan, quintet::serial_plan>({.dp = 2, .tp = 2, .ep = 2}, {}, moe_config());
     check_reshard<quintet::serial_plan, tp_ep_plan>({}, {.dp = 2, .tp = 2, .ep = 2}, moe_config());
   }

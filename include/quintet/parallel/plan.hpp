@@ -7,6 +7,8 @@
 //   my_plan::style<strategy::data>               -> parallel::none
 //   my_plan::axes                                -> {tp, sp}: the mesh axes it runs on
 //   my_plan::batch_replicated_axes               -> {tp, sp}: ranks there share the micro-batch
+//   my_plan::batch_checked_axes                  -> {tp, sp}: where the batch check compares it
+//                                                   (not pp, whose ranks run different stages)
 //   my_plan::partial_gradient_axes(placement)    -> {sp}: summed once per step (with ep<...>:
 //                                                   an expert's over edp, the rest over dp)
 //   my_plan::check(degrees, model)               -> throws, naming what does not fit
@@ -124,6 +126,11 @@ struct plan {
   static constexpr mesh_axis_set batch_split_axes =
       (mesh_axis_set{} | ... | Policies::traits::batch_split_axes);
   static constexpr mesh_axis_set batch_replicated_axes = axes - batch_split_axes;
+  // Of those, the axes whose ranks run each forward together, where the batch check compares the
+  // micro-batches: not the pipeline's stages (staged axes), whose ranks the trainer gives the same
+  // rows by construction.
+  static constexpr mesh_axis_set batch_checked_axes =
+      batch_replicated_axes - (mesh_axis_set{} | ... | Policies::traits::staged_axes);
 
   // The axes a parameter of placement `where` has a partial gradient over after backward (dp and
   // the expert axes that subdivide it reconciled: see detail::within_data_axes).

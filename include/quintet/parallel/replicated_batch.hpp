@@ -1,5 +1,7 @@
 // check_replicated_batch<Plan>: on the axes the plan does not split the batch over (tp, sp), every
-// rank is given the whole micro-batch and picks its rows itself (the sequence styles' layouts). A
+// rank is given the whole micro-batch and picks its rows itself (the sequence styles' layouts);
+// pp's ranks are too, but they run their stages' forwards at different times and are not
+// compared (Plan::batch_checked_axes). A
 // loader that hands ranks different batches — its own rows, say, as other libraries' sequence
 // parallelism expects, or one that drifts after a resume — would otherwise train on garbage
 // silently. Each forward, each rank hashes the shapes and ids of its tokens and targets; one
@@ -54,14 +56,14 @@ void require_same_hash(Comm& group, std::int64_t hash, std::string_view axis) {
 }  // namespace detail
 
 // tokens, targets (batch, seq): must be the same on every rank of each axis in
-// Plan::batch_replicated_axes.
+// Plan::batch_checked_axes (the replicated axes but the pipeline's).
 template <class Plan, class Mesh, class Device>
 void check_replicated_batch(Mesh* mesh, tensor_view<const std::int32_t, Device> tokens,
                             tensor_view<const std::int32_t, Device> targets) {
-  if constexpr (!Plan::batch_replicated_axes.empty()) {
+  if constexpr (!Plan::batch_checked_axes.empty()) {
     const std::int64_t hash = detail::batch_hash(
         targets, static_cast<std::uint64_t>(detail::batch_hash(tokens, 14695981039346656037ull)));
-    Plan::batch_replicated_axes.for_each(
+    Plan::batch_checked_axes.for_each(
         [&](mesh_axis axis) { detail::require_same_hash(mesh->axis(axis), hash, name_of(axis)); });
   }
 }

@@ -12,6 +12,9 @@
 //   batch_split_axes          axes whose ranks train on different rows of the batch (data
 //                             parallelism); on the style's other axes every rank gets the whole
 //                             micro-batch, which the batch check verifies
+//   staged_axes               axes whose ranks run different parts of the model one after the
+//                             other (pipeline stages): they never run a forward together, so the
+//                             batch check does not compare over them
 //   partial_gradient_axes(p)  the axes over which a parameter of placement p is left with a
 //                             partial gradient after backward (summed once per step)
 //   check(degrees, model)     its runtime checks of the mesh degrees and the model's dimensions
@@ -72,6 +75,7 @@ struct strategy_traits;
 struct style_traits_defaults {
   static constexpr bool implemented = true;
   static constexpr mesh_axis_set batch_split_axes{};
+  static constexpr mesh_axis_set staged_axes{};
   static constexpr mesh_axis_set partial_gradient_axes(const placement&) { return {}; }
   static void check(const mesh_degrees&, const model_dimensions&) {}
   template <class... Policies>
@@ -87,6 +91,7 @@ concept parallel_style = requires(const placement& where, const mesh_degrees& de
   { strategy_traits<Style>::implemented } -> std::convertible_to<bool>;
   { strategy_traits<Style>::axes } -> std::convertible_to<mesh_axis_set>;
   { strategy_traits<Style>::batch_split_axes } -> std::convertible_to<mesh_axis_set>;
+  { strategy_traits<Style>::staged_axes } -> std::convertible_to<mesh_axis_set>;
   { strategy_traits<Style>::partial_gradient_axes(where) } -> std::same_as<mesh_axis_set>;
   strategy_traits<Style>::check(degrees, model);
 };

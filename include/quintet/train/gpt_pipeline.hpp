@@ -3,12 +3,18 @@
 // the runtime that runs the rank's action list over them. A step runs every micro-batch's forward
 // and backward as the schedule orders them, then sums the tied token table's gradient between the
 // first and the last stage's ranks, so afterwards each rank's registry holds exactly the serial
-// model's gradients of the parameters it holds.
+// model's gradients of the parameters it holds — up to the sums a plan leaves partial (over sp,
+// or tp under Megatron-SP), which are the caller's, as without pp (train::trainer: data
+// parallelism's buckets, or parallel::synchronize_gradients).
 //
 //   p = 2, zb-v (V map), L = 8, balanced:   stages 0..3 hold 2 layers each
 //     rank 0: stage 0 [embedding, blocks.0-1] and stage 3 [blocks.6-7, head]
 //     rank 1: stage 1 [blocks.2-3] and stage 2 [blocks.4-5]
-// The stages are serial-plan GPT stages (no tensor or sequence parallelism inside them yet).
+// Under a plan with tp<...> or sp<...> the stages are that plan's GPT stages over the rank's mesh:
+// each pp rank's tp and sp peers hold the same stages, run the same action list and so meet in
+// the same collectives; the activations a stage sends are its rank's part (the plan's sequence
+// layout: whole, or seq / tp, or seq / sp rows) to the rank of the same tp and sp coordinates
+// holding the next stage (the mesh's pp group). Without a plan they are serial-plan stages.
 // train::trainer drives it for plans with pp<...> (train/trainer.hpp); forward_only evaluates.
 #pragma once
 
@@ -16,14 +22,16 @@
 #include <quintet/core/error.hpp>
 #include <quintet/kernels/cross_entropy.hpp>
 #include <quintet/kernels/execution.hpp>
+#include <quintet/mesh/mesh_like.hpp>
 #include <quintet/nn/context.hpp>
 #include <quintet/nn/gpt_partition.hpp>
 #include <quintet/nn/gpt_stage.hpp>
 #include <quintet/nn/parameter.hpp>
+#include <quintet/parallel/no_mesh.hpp>
 #include <quintet/parallel/pipeline/runtime.hpp>
 #include <quintet/parallel/pipeline/schedule.hpp>
 #include <quintet/parallel/pipeline/shared_gradients.hpp>
-#include <quintet/parallel/sequence/whole_sequence.hpp>
+#include <quintet/parallel/plan.hpp>
 #include <quintet/tensor/tensor.hpp>
 #include <quintet/tensor/tensor_view.hpp>
 
@@ -37,10 +45,13 @@
 
 namespace quintet::train {
 
-template <class T, class Device, communicator Comm>
+template <class T, class Device, communicator Comm, class Plan = serial_plan,
+          class Mesh = parallel::no_mesh>
 class gpt_pipeline {
+  using sequence = parallel::sequence_of<Plan>;
+
  public:
-  using stage_type = nn::gpt_stage<T, Device>;
+  using stage_type = nn::gpt_stage<T, Device, Plan, Mesh>;
   using runtime_type = parallel::pipeline::runtime<stage_type, Comm>;
 
   // A micro-batch's ids, (batch, seq) each; micro-batches may differ in batch size.
@@ -56,19 +67,22 @@ class gpt_pipeline {
   // `layers`: layers per virtual stage of `s`, in stage order; empty: balanced_layers. Refused, at
   // construction and on every rank alike: a partition that does not cover the model's layers,
   // leaves a stage empty or has another number of stages than the schedule; a schedule that does
-  // not verify or moves contexts (BPipe).
+  // not verify or moves contexts (BPipe). `mesh`: the rank's mesh under a plan (its pp group is
+  // `pp`), null for serial-plan stages.
   gpt_pipeline(nn::parameter_registry<T, Device>& registry, const execution<Device>& exec,
                const nn::gpt_config& config, parallel::pipeline::schedule s, Comm& pp,
-               std::vector<int> layers = {})
+               std::vector<int> layers = {}, Mesh* mesh = nullptr)
       : exec_(exec),
         registry_(registry),
         config_((config.validate(), config)),
         layers_(checked_layers(config, s, std::move(layers))),
         pp_(pp),
-        stages_(build(registry, exec, config_, layers_, s, pp.rank())),
+        mesh_(checked_mesh(mesh, pp)),
+        stages_(build(registry, exec, config_, layers_, s, pp.rank(), mesh)),
         runtime_(std::move(s), pp, pointers(stages_)) {}
   gpt_pipeline(nn::parameter_registry<T, Device>&, const execution<Device>&&, const nn::gpt_config&,
-               parallel::pipeline::schedule, Comm&, std::vector<int> = {}) = delete;
+               parallel::pipeline::schedule, Comm&, std::vector<int> = {},
+               Mesh* = nullptr) = delete;
 
   // One step's forwards and backwards, every micro-batch's loss gradient scaled by `loss_scale`
   // (d objective / d loss sum: 1 / the step's counted targets for the mean), then the tied table's
@@ -101,10 +115,7 @@ class gpt_pipeline {
       QUINTET_CHECK(batch.tokens.rank() == 2,
                     "gpt pipeline: micro-batch {} has tokens of shape {}, expected (batch, seq)", m,
                     batch.tokens.shape());
-      const std::int64_t seq = batch.tokens.shape()[1];
-      const std::int64_t rows =
-          parallel::whole_sequence::activation_layout<parallel::no_mesh>(nullptr, seq).rows();
-      return shape{batch.tokens.shape()[0], rows, config_.d_model};
+      return boundary_of(batch);
     };
     std::vector<typename stage_type::output_type> outputs = runtime_.run(link);
     if (shared) sum_shared_gradients();
@@ -136,7 +147,7 @@ class gpt_pipeline {
       QUINTET_CHECK(batch.tokens.rank() == 2,
                     "gpt pipeline: micro-batch {} has tokens of shape {}, expected (batch, seq)", m,
                     batch.tokens.shape());
-      const shape boundary{batch.tokens.shape()[0], batch.tokens.shape()[1], config_.d_model};
+      const shape boundary = boundary_of(batch);
       quintet::tensor<T, Device> carried;  // the previous stage's activations, on this rank
       for (int stage = 0; stage <= last; ++stage) {
         if (s.rank_of(stage) != me) continue;
@@ -179,6 +190,25 @@ class gpt_pipeline {
   }
 
  private:
+  // The activations between two stages on this rank: (batch, rows, d), the rows the plan's
+  // sequence layout gives this rank (whole under tp alone, a part under sequence parallelism).
+  shape boundary_of(const micro_batch& batch) const {
+    const std::int64_t seq = batch.tokens.shape()[1];
+    return shape{batch.tokens.shape()[0], sequence::activation_layout(mesh_, seq).rows(),
+                 config_.d_model};
+  }
+
+  // Under a plan, `pp` must be the mesh's pp group (the stages' other collectives use the mesh).
+  static Mesh* checked_mesh(Mesh* mesh, Comm& pp) {
+    if constexpr (mesh_like<Mesh>) {
+      QUINTET_CHECK(mesh == nullptr || &mesh->pp() == &pp,
+                    "gpt pipeline: the pp communicator given is not the mesh's pp group");
+    } else {
+      (void)pp;
+    }
+    return mesh;
+  }
+
   stage_type& local_stage(int stage) {
     const std::vector<int>& held = runtime_.stages();
     const auto found = std::find(held.begin(), held.end(), stage);
@@ -204,7 +234,7 @@ class gpt_pipeline {
                                                         const nn::gpt_config& config,
                                                         const std::vector<int>& layers,
                                                         const parallel::pipeline::schedule& s,
-                                                        int rank) {
+                                                        int rank, Mesh* mesh) {
     QUINTET_CHECK(rank < s.ranks(), "gpt pipeline: rank {} is outside schedule '{}' of {} ranks",
                   rank, s.name, s.ranks());
     const std::vector<nn::stage_cut> cuts = nn::stage_cuts(config, layers);
@@ -213,7 +243,7 @@ class gpt_pipeline {
     // same rank looks for it.
     for (const int stage : s.stages_on(rank))
       out.push_back(std::make_unique<stage_type>(registry, exec, config,
-                                                 cuts[static_cast<std::size_t>(stage)]));
+                                                 cuts[static_cast<std::size_t>(stage)], mesh));
     return out;
   }
 
@@ -228,6 +258,7 @@ class gpt_pipeline {
   nn::gpt_config config_;
   std::vector<int> layers_;
   Comm& pp_;
+  Mesh* mesh_;
   std::vector<std::unique_ptr<stage_type>> stages_;
   runtime_type runtime_;
 };

@@ -22,8 +22,9 @@
 // updates the parameters it holds, and the loss, known on the last stage's rank, is summed over
 // pp so every rank reports it. pp<named_schedule> takes the schedule's name from
 // training_options::pipeline (one plan type for every built-in schedule). Composes with
-// dp<zero<0>> (each dp replica a pipeline); tp, sp and ZeRO-1/2 with pp are refused at compile
-// time (the stages are serial-plan stages).
+// dp<zero<0>> (each dp replica a pipeline) and with tp and sp (the stages are the plan's: each
+// stage's tp and sp ranks hold its shards and run the same action list); ZeRO-1/2/3 with pp are
+// refused at compile time.
 //
 // Mixture of experts (gpt_config::experts): the objective is the mean cross-entropy plus, for every
 // MoE block, the mean over the step's routing calls — micro-batches x dp ranks, each routing its
@@ -35,7 +36,8 @@
 // rows as before; the experts' gradients are reduced over their replicas (edp), the rest over dp
 // (the plan's partial axes: data parallelism's buckets follow them; under ZeRO an expert's bucket
 // is sharded over its edp replicas). Pipelines with ep are refused at compile time; a pipeline's
-// stages run MoE blocks serially.
+// stages run MoE blocks as the plan's other policies say (every expert on each rank, split over
+// tp under tp<...>).
 //
 // evaluate(source, batches) scores the model as it stands on other data (a held-out source): the
 // forward alone, on every rank under the trainer's plan, into contexts it then drops — no gradient,
@@ -188,14 +190,8 @@ class trainer {
   static constexpr bool is_pipelined = Plan::template has<parallel::strategy::pipeline>;
   static constexpr bool is_expert_parallel = parallel::uses_expert_parallel<Plan>;
   static_assert(!is_pipelined || !is_expert_parallel,
-                "train::trainer: pp<...> with ep<...> is not supported yet: the pipeline's stages "
-                "are serial-plan GPT stages (their MoE blocks hold every expert)");
-  // The pipeline's stages are serial-plan GPT stages (train::gpt_pipeline): nothing inside them
-  // is sharded, so a tensor or sequence policy would leave its ranks computing the same thing.
-  static_assert(!is_pipelined || (!Plan::template has<parallel::strategy::tensor> &&
-                                  !Plan::template has<parallel::strategy::sequence>),
-                "train::trainer: pp<...> with tp<...> or sp<...> is not supported yet: the "
-                "pipeline's stages are serial-plan GPT stages");
+                "train::trainer: pp<...> with ep<...> is not supported yet (a MoE model trains "
+                "under pp with its experts on every rank, or split over tp)");
   template <class Style>
   static constexpr int zero_stage_of = [] {
     if constexpr (requires { Style::stage; }) {
@@ -208,8 +204,8 @@ class trainer {
   // (and their norm counts every parameter on every pp rank): only DDP composes with pp so far.
   static_assert(!is_pipelined || !is_data_parallel ||
                     zero_stage_of<typename Plan::template style<parallel::strategy::data>> == 0,
-                "train::trainer: pp<...> composes with dp<zero<0>> only; ZeRO-1/2 with pipeline "
-                "parallelism is not supported yet");
+                "train::trainer: pp<...> composes with dp<zero<0>> only; ZeRO-1/2/3 with "
+                "pipeline parallelism is not supported yet");
   template <bool, class M>
   struct runtime_slot {
     using type = std::monostate;
@@ -234,31 +230,18 @@ class trainer {
   };
   template <class M>
   struct model_slot<true, M> {
-    using pipeline_type = gpt_pipeline<T, host, communicator_of<M>>;
+    using pipeline_type = gpt_pipeline<T, host, communicator_of<M>, Plan, M>;
     using stage_type = typename pipeline_type::stage_type;
     pipeline_type pipeline;
     model_slot(nn::parameter_registry<T, host>& registry, const execution<host>& exec,
                const nn::gpt_config& config, const training_options& options, M* mesh)
-        : pipeline(registry, exec, (checked(config, mesh), config),
-                   make_schedule(options, mesh->pp().size()), mesh->pp(), options.pipeline.layers) {
-    }
+        : pipeline(registry, exec, config, make_schedule(options, mesh->pp().size()), mesh->pp(),
+                   options.pipeline.layers, mesh) {}
     const nn::gpt_config& config() const { return pipeline.config(); }
     std::vector<stage_type*> stages() {
       std::vector<stage_type*> out;
       for (const auto& stage : pipeline.stages()) out.push_back(stage.get());
       return out;
-    }
-    // The stages are serial-plan stages, which check no mesh: the plan's checks of the degrees
-    // (and of the layers against its style) happen here.
-    static void checked(const nn::gpt_config& config, M* mesh) {
-      config.validate();
-      parallel::check_mesh<Plan>(mesh, {.d_model = config.d_model,
-                                        .heads = config.heads,
-                                        .hidden = config.hidden(),
-                                        .vocab = config.vocab,
-                                        .layers = config.layers,
-                                        .experts = config.experts,
-                                        .top_k = config.experts > 0 ? config.top_k : 0});
     }
   };
 
@@ -415,9 +398,13 @@ class trainer {
     if constexpr (is_pipelined) {
       // dp<zero<0>>: the buckets reduced in place over dp; then the tied table's two copies
       // summed over pp (both orders give the same sum: the reductions are linear).
+      // Without dp, the gradients tp or sp leave partial are summed here (with dp, its buckets
+      // reduce them with dp's, on the product group).
       if constexpr (is_data_parallel) {
         data_parallel_->finish_reduction();
         loss_sum = sum_over_dp(loss_sum);
+      } else {
+        parallel::synchronize_gradients(registry_, *mesh_);
       }
       model_.pipeline.sum_shared_gradients();
       norm = parallel::global_gradient_norm<Plan>(exec_, registry_, *mesh_,

@@ -38,6 +38,8 @@ struct pipeline_traits_defaults : style_traits_defaults {
   static constexpr strategy kind = strategy::pipeline;
   static constexpr bool implemented = false;
   static constexpr mesh_axis_set axes{mesh_axis::pp};
+  // A pp rank's forwards run while the other stages' ranks run other micro-batches.
+  static constexpr mesh_axis_set staged_axes{mesh_axis::pp};
 };
 
 namespace pipeline::detail {
