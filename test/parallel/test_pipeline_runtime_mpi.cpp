@@ -3,6 +3,9 @@
 // process also runs the serial GPT and compares its own gradients, and the last stage's rank its
 // losses, with it (tolerances as in test_pipeline_runtime.cpp). Run by CTest with 2 and 4 ranks.
 // CHECK, not REQUIRE: a rank that left a test case early would leave the others waiting.
+// With --fail-mid-schedule (CTest, 4 ranks): pp rank 2 throws in the middle of its 1f1b list while
+// the others wait on its messages; mpi_session::run takes the job down with its message (MPI has
+// no timeout to free them otherwise), so the launch ends, naming the rank, instead of hanging.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
@@ -13,6 +16,7 @@
 #include <quintet/parallel/pipeline/catalog.hpp>
 #include <quintet/parallel/pipeline/verifier.hpp>
 
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -56,7 +60,30 @@ TEST_CASE("every schedule over MPI gives the serial GPT's losses and gradients",
   }
 }
 
+// Pp rank 2 fails when asked for micro-batch 3's data, with sends and receives of its neighbours
+// outstanding.
+void fail_mid_schedule(quintet::mpi_comm& world) {
+  const int p = world.size();
+  quintet::device_mesh<quintet::mpi_comm> mesh(world, {.pp = p});
+  const pl::schedule s = pl::generate("1f1b", {.ranks = p, .micro_batches = 8});
+  const auto batches = micro_batches(8);
+  quintet::nn::parameter_registry<double, quintet::host> registry(seed);
+  using pipeline_type = quintet::train::gpt_pipeline<double, quintet::host, quintet::mpi_comm>;
+  pipeline_type pipeline(registry, exec, config_of(true), s, mesh.pp());
+  pipeline.step(
+      [&](int mb) {
+        if (mesh.pp().rank() == 2 && mb == 3) throw quintet::error("rank 2 lost its data");
+        const auto& b = batches[static_cast<std::size_t>(mb)];
+        return pipeline_type::micro_batch{.tokens = b.inputs.view(), .targets = b.targets.view()};
+      },
+      loss_scale_of(batches));
+}
+
 int main(int argc, char* argv[]) {
   quintet::mpi_session session(&argc, &argv);
+  if (argc > 1 && std::strcmp(argv[1], "--fail-mid-schedule") == 0) {
+    session.run(fail_mid_schedule);
+    return 0;  // not reached on any rank: the job is aborted
+  }
   return Catch::Session().run(argc, argv);
 }
