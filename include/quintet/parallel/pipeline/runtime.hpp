@@ -25,7 +25,8 @@
 //   RETURN  the partner sends the buffer back
 //   RELOAD  the owner receives it into a buffer its manifest sizes; the backward that needs the
 //           context waits for it and unpacks
-// Each run starts with a pp barrier and times every compute action (run_stats: starts, ends);
+// Each run starts with a pp barrier and times every compute action (run_stats: starts, ends),
+// from the moment its received inputs are here (a wait for a peer is idle time, not its cost);
 // measured_timeline() gathers every rank's times into the simulator's format, so chrome_trace
 // draws the measured step as it draws the predicted one.
 #pragma once
@@ -170,6 +171,9 @@ class runtime {
         post(list, i, end, slots, accepted, batches, link);
         i = end;
       } else {
+        // The clock starts once what the action (a pair: its first half) received is here:
+        // waiting for a peer is idle time, not the action's cost (the simulator adds the wait).
+        await_inputs(*halves(list[i]).begin(), slots, batches);
         // A pair's forward takes its context before its backward frees the other: measured
         // between the halves, as the verifier counts it.
         stats_.starts[i] = since();
@@ -506,6 +510,22 @@ class runtime {
     }
     stats_.peak_contexts = std::max(stats_.peak_contexts, contexts);
     stats_.peak_context_bytes = std::max(stats_.peak_context_bytes, bytes);
+  }
+
+  // Waits for the transfers that bring compute action `a` its input: the activation (F), the
+  // output gradient (B, I) or the reloaded context (BPipe). compute() would wait for them first
+  // thing; waiting here lets the runtime time the compute alone.
+  void await_inputs(const action& a, std::map<key, slot>& slots, std::deque<batch>& batches) {
+    const auto found = slots.find({a.stage, a.micro_batch});
+    if (found == slots.end()) return;
+    const slot& here = found->second;
+    if (a.kind == action_kind::forward) {
+      if (here.received_input.has_value()) finish(batches[here.input_batch]);
+      return;
+    }
+    if (here.reloading.has_value()) finish(batches[here.reload_batch]);
+    if (a.kind != action_kind::backward_weight && here.received_gradient.has_value())
+      finish(batches[here.gradient_batch]);
   }
 
   // Waits for a batch (and so for every one posted before it) and frees what it sent.
