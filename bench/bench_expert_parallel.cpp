@@ -14,9 +14,9 @@
 //   dense_product             the reference: one product of the same rows and FLOPs
 //
 // Routing: 1024 tokens per rank, d 256, 8 experts, top-2, dropless, from random router logits
-// (uneven loads, as trained routers give). Every combined row is checked against the row that
-// was sent, and the grouped product against the dense one (equal weights), outside the timed
-// loops.
+// (uneven loads, as trained routers give). The raw reference reports nccl-tests' algbw and busbw
+// ((n-1)/n). Outside the timed loops, every row the exchange dispatched and combined is checked
+// against the row that was sent, and the grouped product against the dense one (equal weights).
 #include <benchmark/benchmark.h>
 
 #include <quintet/comm/thread_comm.hpp>
@@ -24,6 +24,7 @@
 #include <quintet/kernels/matmul.hpp>
 #include <quintet/kernels/moe.hpp>
 #include <quintet/parallel/expert/expert_exchange.hpp>
+#include <quintet/tensor/fill.hpp>
 #include <quintet/tensor/random.hpp>
 #include <quintet/tensor/tensor.hpp>
 
@@ -105,7 +106,7 @@ void moe_dispatch_combine(benchmark::State& state) {
   constexpr int rounds = 5, per_round = 40;
   using timings = std::array<double, movements.size()>;
   std::vector<timings> seconds(static_cast<std::size_t>(ep));
-  std::vector<std::int64_t> moved(seconds.size());
+  std::vector<std::int64_t> sent(seconds.size());  // rows each rank dispatches
   std::vector<char> intact(seconds.size());
   quintet::thread_world{ep}.run([&](quintet::thread_comm& comm) {
     const execution<host> exec(1);
@@ -149,7 +150,11 @@ void moe_dispatch_combine(benchmark::State& state) {
     const auto r = static_cast<std::size_t>(comm.rank());
     for (std::size_t m = 0; m < movements.size(); ++m)
       seconds[r][m] = total[m] / (rounds * per_round);
-    moved[r] = b.counts.sent_rows() + b.counts.received_rows();
+    sent[r] = b.counts.sent_rows();
+    // Outside the timed loops: the exchange's own dispatch and combine bring every row back (the
+    // rounds end with the raw reference, so `back` is rewritten by the exchange first).
+    fill(b.back, 0.0f);
+    exchanged();
     intact[r] = b.returned_whole();
   });
   if (!std::all_of(intact.begin(), intact.end(), [](char ok) { return ok != 0; }))
@@ -159,16 +164,18 @@ void moe_dispatch_combine(benchmark::State& state) {
     for (std::size_t m = 0; m < movements.size(); ++m) slowest[m] = std::max(slowest[m], t[m]);
   const double layer = slowest[0], exchange = slowest[1], raw = slowest[2];
   for (auto _ : state) state.SetIterationTime(layer);
-  // Bytes the busiest rank sends and receives per iteration, both ways (dispatch and combine),
-  // at the raw all_to_all_v's speed.
-  const double bytes = 2.0 * static_cast<double>(*std::max_element(moved.begin(), moved.end())) *
-                       d_model * sizeof(float);
+  // nccl-tests' all-to-all figures for the raw reference: algbw = S / t per all_to_all_v, S the
+  // busiest rank's bytes sent (two of them per iteration, there and back), busbw = algbw (n-1)/n.
+  const double bytes =
+      static_cast<double>(*std::max_element(sent.begin(), sent.end())) * d_model * sizeof(float);
+  const double algbw = 2.0 * bytes / raw / 1e9;
   state.counters["raw_us"] = raw * 1e6;
   state.counters["exchange_us"] = exchange * 1e6;
-  state.counters["raw_GB_per_s"] = bytes / raw / 1e9;
+  state.counters["raw_algbw_GB_per_s"] = algbw;
+  state.counters["raw_busbw_GB_per_s"] = algbw * (ep - 1) / ep;
   state.counters["exchange_over_raw"] = exchange / raw;
   state.counters["layer_over_raw"] = layer / raw;
-  state.counters["rows_per_rank"] = static_cast<double>(moved[0]) / 2;
+  state.counters["rows_per_rank"] = static_cast<double>(sent[0]);
 }
 
 // The fc product of the kept rows: grouped (E weights, the routing's groups) or dense (one).
