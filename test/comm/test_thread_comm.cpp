@@ -6,10 +6,16 @@
 
 #include <catch2/catch.hpp>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
+
+#if defined(__linux__)
+#include <sched.h>
+#endif
 
 using namespace quintet;
 using namespace std::chrono_literals;
@@ -31,6 +37,34 @@ TEST_CASE("thread_comm: every collective on 1..8 ranks matches the serial comput
     }));
   }
 }
+
+#if defined(__linux__)
+// Ranks that wait for each other on one core move apart (thread_comm::style_of_wait): the move
+// itself must leave the core and give the thread its own affinity mask back.
+TEST_CASE("thread_comm: a thread moved off a busy core keeps its affinity mask",
+          "[comm][thread]") {
+  cpu_set_t before;
+  REQUIRE(sched_getaffinity(0, sizeof(before), &before) == 0);
+  if (CPU_COUNT(&before) < 2) {
+    WARN("one core allowed: nothing to move to");
+    CHECK_FALSE(detail::move_to_free_core(std::array{detail::current_cpu()}));
+    return;
+  }
+  // Every allowed core busy: no move.
+  std::vector<int> every;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
+    if (CPU_ISSET(cpu, &before)) every.push_back(cpu);
+  CHECK_FALSE(detail::move_to_free_core(every));
+  for (int round = 0; round < 4; ++round) {
+    const int from = detail::current_cpu();
+    REQUIRE(detail::move_to_free_core(std::array{from}));
+    CHECK(detail::current_cpu() != from);
+    cpu_set_t after;
+    REQUIRE(sched_getaffinity(0, sizeof(after), &after) == 0);
+    CHECK(CPU_EQUAL(&before, &after));
+  }
+}
+#endif
 
 TEST_CASE("thread_comm: nobody leaves a barrier before everyone has entered it", "[comm][thread]") {
   for (int n : {2, 3, 8}) {

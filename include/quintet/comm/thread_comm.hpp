@@ -1,5 +1,6 @@
 // thread_comm: N ranks as threads of one process, launched by thread_world{n}.run(fn). Collectives
-// read and write peers' buffers directly through shared memory; waiting ranks yield their core.
+// read and write peers' buffers directly through shared memory; a waiting rank polls briefly, then
+// yields its core, then sleeps.
 // Blocking calls run on the caller's thread, asynchronous ones on the communicator's own thread.
 #pragma once
 
@@ -29,6 +30,10 @@
 #include <utility>
 #include <vector>
 
+#if defined(__linux__)
+#include <sched.h>
+#endif
+
 namespace quintet {
 
 namespace detail {
@@ -37,12 +42,15 @@ namespace detail {
 // to fail records itself; every wait polls `aborted` and raises comm_error naming that rank.
 struct thread_world_state {
   std::chrono::milliseconds timeout;
+  // How long a waiting rank polls before it yields its core (see spin_until).
+  std::chrono::nanoseconds spin;
   std::atomic<bool> aborted{false};
   std::mutex mutex;  // guards the two fields below
   int failed_rank = -1;
   std::string failure;
 
-  explicit thread_world_state(std::chrono::milliseconds limit) : timeout(limit) {}
+  thread_world_state(std::chrono::milliseconds limit, std::chrono::nanoseconds spin_budget)
+      : timeout(limit), spin(spin_budget) {}
 
   // Returns true when this call recorded the first failure.
   bool abort(int world_rank, const std::string& message) {
@@ -102,13 +110,14 @@ inline constexpr std::size_t thread_comm_streaming_bytes = std::size_t{4} << 20;
 
 struct alignas(64) thread_rank_slot {
   std::atomic<std::uint64_t> arrivals{0};  // barriers this rank has entered (timeout reports)
+  std::atomic<int> cpu{-1};                // the core this rank last waited on (-1: not known)
   // Two of each, alternating by collective: a rank may enter collective k+1 while slower peers
   // still read its entry for collective k, never k-1 (they have all passed k's barrier).
   collective_entry entry[2];
   alignas(64) std::byte staging[2][thread_comm_small_bytes];
 };
 
-struct posted_send {
+struct alignas(64) posted_send {
   int source = 0;
   int tag = 0;
   comm_buffer buffer;
@@ -118,12 +127,22 @@ struct posted_send {
   dtype receiver_type = dtype::f32;
 };
 
-struct thread_mailbox {
+struct alignas(64) thread_mailbox {
   std::mutex mutex;
   std::condition_variable changed;  // a send arrived, or one of this rank's sends completed
   std::deque<posted_send*> sends;
   // sends.size(), readable without the lock: a receiver spins on it before it sleeps.
   std::atomic<std::int64_t> waiting{0};
+  // Threads of the owner asleep on `changed` (or about to be): only then is it notified.
+  std::atomic<int> sleepers{0};
+
+  // Wakes the owner if it sleeps. The caller has published what it waits for; the empty critical
+  // section orders that before a sleeper's check under the lock.
+  void wake() {
+    if (sleepers.load(std::memory_order_seq_cst) == 0) return;
+    { const std::lock_guard lock(mutex); }
+    changed.notify_all();
+  }
 };
 
 struct thread_group_state {
@@ -151,16 +170,87 @@ struct thread_group_state {
   int size() const { return static_cast<int>(world_ranks.size()); }
 };
 
-// Spin `spins` times (cheap when every rank has a core; the predicate then runs unlocked), then
-// sleep on a condition variable in short slices that poll for an abort and the deadline.
+// Tells the core that this is a busy-wait, without giving the core up.
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// How long a waiting rank polls before it yields: a few small messages' worth. A yield is a system
+// call that can take microseconds to return, so yielding early made a 1 KiB send/recv between two
+// cores take 4 us where polling takes under 1 (bench_collectives, docs/comm.md). With more ranks
+// than cores the rank waited for may need this very core: then yield at once.
+inline std::chrono::nanoseconds spin_budget_for(int ranks) {
+  const unsigned cores = std::thread::hardware_concurrency();
+  if (cores != 0 && static_cast<unsigned>(ranks) > cores) return std::chrono::nanoseconds{0};
+  return std::chrono::microseconds{20};
+}
+
+// The core the calling thread runs on, -1 where the system does not say.
+inline int current_cpu() {
+#if defined(__linux__)
+  return sched_getcpu();
+#else
+  return -1;
+#endif
+}
+
+// Moves the calling thread to a core of its affinity mask that is not in `busy`, then gives it its
+// mask back (a nudge, not a pin: the scheduler may move it again). False if no such core exists or
+// the system refuses.
+inline bool move_to_free_core(std::span<const int> busy) {
+#if defined(__linux__)
+  cpu_set_t allowed;
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return false;
+  cpu_set_t target = allowed;
+  for (const int cpu : busy) {
+    if (cpu >= 0 && cpu < CPU_SETSIZE) CPU_CLR(cpu, &target);
+  }
+  if (CPU_COUNT(&target) == 0 || sched_setaffinity(0, sizeof(target), &target) != 0) return false;
+  sched_setaffinity(0, sizeof(allowed), &allowed);
+  return true;
+#else
+  (void)busy;
+  return false;
+#endif
+}
+
+// How a rank waits before it sleeps on a condition variable: polling for the world's spin budget
+// and then yielding a few times, only yielding, or neither.
+enum class wait_style : std::uint8_t { poll, yield, sleep };
+
+// Waits for `ready` in `style` (before any sleep); returns whether it became true. The predicate
+// runs unlocked, so it must only read atomics.
+template <class Ready>
+inline bool spin_until(const thread_world_state& world, wait_style style, Ready ready) {
+  if (ready()) return true;
+  if (style == wait_style::sleep) return false;
+  if (style == wait_style::poll && world.spin.count() > 0) {
+    const auto until = std::chrono::steady_clock::now() + world.spin;
+    do {
+      for (int poll = 0; poll < 64; ++poll) {
+        cpu_relax();
+        if (ready()) return true;
+      }
+    } while (std::chrono::steady_clock::now() < until);
+  }
+  for (int yield = 0; yield < 192; ++yield) {
+    std::this_thread::yield();
+    if (ready()) return true;
+  }
+  return false;
+}
+
+// Waits in `style` (spin_until), then sleeps on a condition variable in short slices that poll for
+// an abort and the deadline.
 template <class Ready, class OnTimeout>
 inline void wait_until(thread_world_state& world, std::mutex& mutex, std::condition_variable& cv,
-                       std::atomic<int>* sleepers, int world_rank, int spins, Ready ready,
+                       std::atomic<int>* sleepers, int world_rank, wait_style style, Ready ready,
                        OnTimeout on_timeout) {
-  for (int spin = 0; spin < spins; ++spin) {
-    if (ready()) return;
-    if (spin >= 64) std::this_thread::yield();
-  }
+  if (spin_until(world, style, ready)) return;
   const auto deadline = std::chrono::steady_clock::now() + world.timeout;
   if (sleepers != nullptr) sleepers->fetch_add(1, std::memory_order_seq_cst);
   struct leave {
@@ -321,6 +411,7 @@ class thread_comm : public communicator_api<thread_comm, host> {
     rank_ = other.rank_;
     sequence_ = other.sequence_;
     entered_parity_ = other.entered_parity_;
+    last_move_ = other.last_move_;
   }
 
   void run_all_reduce(comm_buffer in, comm_buffer out, reduce_op op) {
@@ -458,24 +549,31 @@ class thread_comm : public communicator_api<thread_comm, host> {
   void run_exchange(std::span<const p2p_op> ops) {
     auto& world = *group_->world;
     if (world.aborted.load(std::memory_order_acquire)) world.raise_aborted(world_rank());
-    std::vector<std::unique_ptr<detail::posted_send>> sends;
-    std::vector<int> send_peers;
+    // The batch's send records come from a pool the communicator keeps: a record is free again
+    // once this call returns (delivered, refused, or retracted).
+    std::size_t posted_count = 0;
+    send_peers_.clear();
     for (const p2p_op& op : ops) {
       if (op.direction != p2p_op::kind::send) continue;
-      auto posted = std::make_unique<detail::posted_send>();
-      posted->source = rank_;
-      posted->tag = op.tag;
-      posted->buffer = op.buffer;
+      if (posted_count == send_pool_.size())
+        send_pool_.push_back(std::make_unique<detail::posted_send>());
+      detail::posted_send& posted = *send_pool_[posted_count++];
+      posted.source = rank_;
+      posted.tag = op.tag;
+      posted.buffer = op.buffer;
+      posted.state.store(0, std::memory_order_relaxed);
       auto& box = group_->mailboxes[op.peer];
       {
         const std::lock_guard lock(box.mutex);
-        box.sends.push_back(posted.get());
+        box.sends.push_back(&posted);
         box.waiting.store(static_cast<std::int64_t>(box.sends.size()), std::memory_order_release);
       }
-      box.changed.notify_all();
-      sends.push_back(std::move(posted));
-      send_peers.push_back(op.peer);
+      if (box.sleepers.load(std::memory_order_seq_cst) > 0) box.changed.notify_all();
+      send_peers_.push_back(op.peer);
     }
+    const std::span<const std::unique_ptr<detail::posted_send>> sends(send_pool_.data(),
+                                                                      posted_count);
+    const std::vector<int>& send_peers = send_peers_;
     try {
       for (const p2p_op& op : ops) {
         if (op.direction == p2p_op::kind::recv) receive(op);
@@ -484,7 +582,7 @@ class thread_comm : public communicator_api<thread_comm, host> {
       for (std::size_t s = 0; s < sends.size(); ++s) {
         detail::posted_send& posted = *sends[s];
         detail::wait_until(
-            world, own.mutex, own.changed, nullptr, world_rank(), 256,
+            world, own.mutex, own.changed, &own.sleepers, world_rank(), style_of_wait(),
             [&] { return posted.state.load(std::memory_order_acquire) >= 2; },
             [&] {
               fail(detail::format_message(
@@ -525,16 +623,14 @@ class thread_comm : public communicator_api<thread_comm, host> {
     // The mailbox is read with its lock held; first spin on its count of waiting sends (a message
     // that is already there, or arrives within the spin, costs no sleep and no wake-up), then
     // sleep on the condition variable.
-    bool found = false;
-    for (int spin = 0; spin < 256 && !found; ++spin) {
-      if (own.waiting.load(std::memory_order_acquire) > 0) {
-        const std::lock_guard lock(own.mutex);
-        found = find();
-      }
-      if (!found && spin >= 64) std::this_thread::yield();
-    }
-    if (!found)
-      detail::wait_until(world, own.mutex, own.changed, nullptr, world_rank(), 0, find, [&] {
+    auto arrived = [&] {
+      if (own.waiting.load(std::memory_order_acquire) == 0) return false;
+      const std::lock_guard lock(own.mutex);
+      return find();
+    };
+    if (!detail::spin_until(world, style_of_wait(), arrived))
+      detail::wait_until(world, own.mutex, own.changed, &own.sleepers, world_rank(),
+                         detail::wait_style::sleep, find, [&] {
         fail(detail::format_message(
             "quintet: thread_comm rank {} waited {} ms for a send from rank {} (tag {}) that "
             "never came",
@@ -547,12 +643,8 @@ class thread_comm : public communicator_api<thread_comm, host> {
     const comm_buffer sent = match->buffer;
     match->receiver_count = op.buffer.count;
     match->receiver_type = op.buffer.type;
-    auto& sender_box = group_->mailboxes[op.peer];
-    {
-      const std::lock_guard lock(sender_box.mutex);
-      match->state.store(fits ? 2 : 3, std::memory_order_release);
-    }
-    sender_box.changed.notify_all();
+    match->state.store(fits ? 2 : 3, std::memory_order_seq_cst);
+    group_->mailboxes[op.peer].wake();
     if (!fits) {
       throw comm_error(detail::format_message(
           "quintet: thread_comm recv on rank {} from rank {} (tag {}): expects {} {} elements, "
@@ -564,7 +656,7 @@ class thread_comm : public communicator_api<thread_comm, host> {
 
   // On failure, sends nobody has taken are withdrawn; one being copied is waited for, so no peer
   // reads memory this rank is about to release.
-  void retract(std::vector<std::unique_ptr<detail::posted_send>>& sends,
+  void retract(std::span<const std::unique_ptr<detail::posted_send>> sends,
                const std::vector<int>& peers) {
     for (std::size_t s = 0; s < sends.size(); ++s) {
       auto& box = group_->mailboxes[peers[s]];
@@ -654,7 +746,7 @@ class thread_comm : public communicator_api<thread_comm, host> {
       return;
     }
     detail::wait_until(
-        *group.world, group.mutex, group.released, &group.sleepers, world_rank(), 256,
+        *group.world, group.mutex, group.released, &group.sleepers, world_rank(), style_of_wait(),
         [&] { return group.generation.load(std::memory_order_acquire) != generation; },
         [&] {
           std::string missing;
@@ -668,6 +760,38 @@ class thread_comm : public communicator_api<thread_comm, host> {
               "quintet: thread_comm {} timed out after {} ms on rank {}: ranks {} did not arrive",
               what, group.world->timeout.count(), rank_, missing));
         });
+  }
+
+  // How a wait should begin. Polling pays only while no peer of the group shares this rank's core.
+  // A new thread starts on its parent's core, and ranks that mostly wait for each other can stay
+  // there (a 2-rank broadcast of 4 KiB took 10.6 us instead of 0.3): polling would keep the peer
+  // from running, and sleeping lets the wake-up place the sleeper next to its waker again. So the
+  // higher rank of such a pair moves itself to a core no rank of the group uses, if there is one
+  // (at most once a millisecond), while the lower one yields to it. Every wait publishes the
+  // rank's core, so the answer follows the scheduler.
+  detail::wait_style style_of_wait() {
+    auto& slots = group_->slots;
+    int cpu = detail::current_cpu();
+    slots[rank_].cpu.store(cpu, std::memory_order_relaxed);
+    if (cpu < 0) return detail::wait_style::poll;
+    bool shared = false, below = false;
+    for (int j = 0; j < size(); ++j) {
+      if (j != rank_ && slots[j].cpu.load(std::memory_order_relaxed) == cpu) {
+        shared = true;
+        below = below || j < rank_;
+      }
+    }
+    if (!shared) return detail::wait_style::poll;
+    if (group_->world->spin.count() == 0) return detail::wait_style::yield;  // more ranks than cores
+    if (!below) return detail::wait_style::yield;  // the peer above moves
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_move_ < std::chrono::milliseconds(1)) return detail::wait_style::yield;
+    last_move_ = now;
+    std::vector<int> busy(static_cast<std::size_t>(size()));
+    for (int j = 0; j < size(); ++j) busy[j] = slots[j].cpu.load(std::memory_order_relaxed);
+    if (!detail::move_to_free_core(busy)) return detail::wait_style::yield;
+    slots[rank_].cpu.store(detail::current_cpu(), std::memory_order_relaxed);
+    return detail::wait_style::poll;
   }
 
   // Chunks of a large all-reduce: at most 64 KiB and at least 4 per rank, on 64-byte boundaries
@@ -697,6 +821,11 @@ class thread_comm : public communicator_api<thread_comm, host> {
   int rank_ = 0;
   std::uint64_t sequence_ = 0;  // collectives entered on this communicator
   std::uint64_t entered_parity_ = 0;
+  // run_exchange's send records, reused from batch to batch, and the peers of the current batch.
+  std::vector<std::unique_ptr<detail::posted_send>> send_pool_;
+  std::vector<int> send_peers_;
+  // When style_of_wait last moved this rank off a core it shared with a peer.
+  std::chrono::steady_clock::time_point last_move_{};
   // Started by the first asynchronous operation; it works on this object's members above. Last,
   // so that on destruction it runs what is pending (peers take part) while those still exist.
   std::unique_ptr<detail::progress_thread> progress_;
@@ -714,7 +843,8 @@ struct thread_world {
     QUINTET_CHECK(size >= 1, "thread_world needs at least one rank, got {}", size);
     QUINTET_CHECK(timeout.count() > 0, "thread_world timeout must be positive, got {} ms",
                   timeout.count());
-    auto world = std::make_shared<detail::thread_world_state>(timeout);
+    auto world =
+        std::make_shared<detail::thread_world_state>(timeout, detail::spin_budget_for(size));
     std::vector<int> members(size);
     std::iota(members.begin(), members.end(), 0);
     auto group = std::make_shared<detail::thread_group_state>(world, std::move(members));
