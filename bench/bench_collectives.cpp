@@ -245,7 +245,7 @@ void bench_thread(benchmark::State& state, collective op, int n, std::int64_t by
             perform(comm, op, in, out);
           }
         });
-    times[comm.rank()] = time; fprintf(stderr, "rank %d cpu %d time %.2f\n", comm.rank(), sched_getcpu(), time*1e6);
+    times[comm.rank()] = time;
     if (!right) ok = false;
   });
   report(state, *std::max_element(times.begin(), times.end()), ok, op, bytes, n);

@@ -184,8 +184,12 @@ inline void cpu_relax() {
 // cores take 4 us where polling takes under 1 (bench_collectives, docs/comm.md). With more ranks
 // than cores the rank waited for may need this very core: then yield at once.
 inline std::chrono::nanoseconds spin_budget_for(int ranks) {
-  const unsigned cores = std::thread::hardware_concurrency();
-  if (cores != 0 && static_cast<unsigned>(ranks) > cores) return std::chrono::nanoseconds{0};
+  int cores = static_cast<int>(std::thread::hardware_concurrency());
+#if defined(__linux__)
+  cpu_set_t allowed;  // the cores this process may use (taskset, a cgroup's cpuset)
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) == 0) cores = CPU_COUNT(&allowed);
+#endif
+  if (cores != 0 && ranks > cores) return std::chrono::nanoseconds{0};
   return std::chrono::microseconds{20};
 }
 
@@ -226,8 +230,9 @@ enum class wait_style : std::uint8_t { poll, yield, sleep };
 // runs unlocked, so it must only read atomics.
 template <class Ready>
 inline bool spin_until(const thread_world_state& world, wait_style style, Ready ready) {
-  if (ready()) return true;
+  // Not even one look for a sleeper: its predicate may need the lock (a receive's match).
   if (style == wait_style::sleep) return false;
+  if (ready()) return true;
   if (style == wait_style::poll && world.spin.count() > 0) {
     const auto until = std::chrono::steady_clock::now() + world.spin;
     do {
@@ -253,6 +258,9 @@ inline void wait_until(thread_world_state& world, std::mutex& mutex, std::condit
   if (spin_until(world, style, ready)) return;
   const auto deadline = std::chrono::steady_clock::now() + world.timeout;
   if (sleepers != nullptr) sleepers->fetch_add(1, std::memory_order_seq_cst);
+  // Orders the count before the predicate's loads: a waker that stored what we wait for and then
+  // read no sleeper has its store seen below (the predicate's loads are acquire, not seq_cst).
+  std::atomic_thread_fence(std::memory_order_seq_cst);
   struct leave {
     std::atomic<int>* count;
     ~leave() {
@@ -629,13 +637,14 @@ class thread_comm : public communicator_api<thread_comm, host> {
       return find();
     };
     if (!detail::spin_until(world, style_of_wait(), arrived))
-      detail::wait_until(world, own.mutex, own.changed, &own.sleepers, world_rank(),
-                         detail::wait_style::sleep, find, [&] {
-        fail(detail::format_message(
-            "quintet: thread_comm rank {} waited {} ms for a send from rank {} (tag {}) that "
-            "never came",
-            rank_, world.timeout.count(), op.peer, op.tag));
-      });
+      detail::wait_until(
+          world, own.mutex, own.changed, &own.sleepers, world_rank(), detail::wait_style::sleep,
+          find, [&] {
+            fail(detail::format_message(
+                "quintet: thread_comm rank {} waited {} ms for a send from rank {} (tag {}) that "
+                "never came",
+                rank_, world.timeout.count(), op.peer, op.tag));
+          });
     const bool fits =
         match->buffer.count == op.buffer.count && match->buffer.type == op.buffer.type;
     if (fits) copy_bytes(op.buffer.data, match->buffer.data, op.buffer.bytes());
@@ -782,7 +791,8 @@ class thread_comm : public communicator_api<thread_comm, host> {
       }
     }
     if (!shared) return detail::wait_style::poll;
-    if (group_->world->spin.count() == 0) return detail::wait_style::yield;  // more ranks than cores
+    if (group_->world->spin.count() == 0)
+      return detail::wait_style::yield;            // more ranks than cores
     if (!below) return detail::wait_style::yield;  // the peer above moves
     const auto now = std::chrono::steady_clock::now();
     if (now - last_move_ < std::chrono::milliseconds(1)) return detail::wait_style::yield;
