@@ -85,8 +85,36 @@ void serial_train_step(benchmark::State& state) {
   state.counters["matmul_share"] = matmul_seconds / step_seconds;
 }
 
+// Time to the first step at the GPT-2 124M shape (12 layers, d 768, 12 heads, vocabulary 50257,
+// 1024 positions): the trainer's construction, which allocates and initialises every parameter
+// (Philox normals), its gradient and AdamW's moments. One construction per iteration; the rate
+// counts initialised parameters.
+void start_gpt2_124m(benchmark::State& state) {
+  const quintet::nn::gpt_config model{
+      .vocab = 50257, .max_seq = 1024, .layers = 12, .d_model = 768, .heads = 12};
+  const auto exec = quintet::execution<host>::all_cores();
+  const quintet::markov_source source({.vocab = 16, .order = 2, .successors = 3, .seed = 1});
+  std::int64_t parameters = 0;
+  double seconds = 0;
+  for (auto _ : state) {
+    const auto start = std::chrono::steady_clock::now();
+    quintet::train::trainer<float, quintet::markov_source> trainer(
+        source, model, {.steps = 1, .batch = 4, .seq = 64, .warmup_steps = 0}, exec);
+    const double elapsed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    state.SetIterationTime(elapsed);
+    seconds += elapsed;
+    parameters = 0;
+    for (const auto& p : trainer.parameters()) parameters += p.value.numel();
+  }
+  state.counters["parameters"] = static_cast<double>(parameters);
+  state.counters["parameters_per_second"] =
+      static_cast<double>(parameters) * static_cast<double>(state.iterations()) / seconds;
+}
+
 }  // namespace
 
+BENCHMARK(start_gpt2_124m)->Unit(benchmark::kMillisecond)->Iterations(3)->UseManualTime();
 BENCHMARK(serial_train_step)
     ->ArgName("d_model")
     ->Arg(64)

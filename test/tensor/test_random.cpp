@@ -11,6 +11,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
+#include <utility>
 
 using quintet::host;
 using quintet::region;
@@ -30,7 +32,8 @@ void check_slices_match_whole(bool normal) {
   const shape global{6, 10, 8};
   const rng_key key{.seed = 11, .stream = quintet::rng_stream_for("layer.weight")};
   tensor<T, host> whole(global);
-  normal ? quintet::fill_normal(whole, key, 0.5, 2.0) : quintet::fill_uniform(whole, key, -3.0, 1.0);
+  normal ? quintet::fill_normal(whole, key, 0.5, 2.0)
+         : quintet::fill_uniform(whole, key, -3.0, 1.0);
   for (int dim = 0; dim < 3; ++dim) {
     for (const auto& [begin, end] : {std::pair{0, 2}, std::pair{1, 4}, std::pair{2, 6}}) {
       const region where = region(global).slice(dim, begin, end);
@@ -65,7 +68,8 @@ TEST_CASE("a shard initialised for its region equals that slice of the whole ten
   }
 }
 
-TEST_CASE("filling a strided view for its region equals filling a dense shard", "[tensor][random]") {
+TEST_CASE("filling a strided view for its region equals filling a dense shard",
+          "[tensor][random]") {
   const rng_key key{.seed = 3, .stream = 4};
   tensor<float, host> whole(shape{4, 8});
   quintet::fill_normal(whole, key, 0.0, 1.0);
@@ -101,8 +105,57 @@ TEST_CASE("random values follow the element formula and the requested distributi
     sum2 += double(z.data()[i]) * z.data()[i];
   }
   const double z_mean = sum / z.numel(), z_var = sum2 / z.numel() - z_mean * z_mean;
-  CHECK(std::abs(z_mean - 1.0) < 0.018);    // 5 x 0.5/sqrt(2e4)
-  CHECK(std::abs(z_var - 0.25) < 0.025);    // 5 x 0.25 sqrt(2/2e4)
+  CHECK(std::abs(z_mean - 1.0) < 0.018);  // 5 x 0.5/sqrt(2e4)
+  CHECK(std::abs(z_var - 0.25) < 0.025);  // 5 x 0.25 sqrt(2/2e4)
+}
+
+namespace {
+
+// Every element of `got` (the part `where` of a global tensor) against the one-off scalar draw of
+// its global index: fill_normal's batched and threaded paths give each element its own value.
+template <class T>
+void require_scalar_draws(const tensor<T, host>& got, rng_key key, double mean, double stddev,
+                          const region& where) {
+  const shape& local = got.shape();
+  for (std::int64_t i = 0; i < local[0]; ++i)
+    for (std::int64_t j = 0; j < local[1]; ++j) {
+      const auto index = static_cast<std::uint64_t>(where.global_index({i, j}));
+      const double value = std::fma(stddev, quintet::normal_double(key, index), mean);
+      const T expected = std::is_same_v<T, double> ? T(value) : T(static_cast<float>(value));
+      if (std::memcmp(&got.data()[i * local[1] + j], &expected, sizeof(T)) != 0) {
+        INFO("element (" << i << ", " << j << "), global index " << index);
+        REQUIRE(false);
+      }
+    }
+}
+
+template <class T>
+void check_large_normal_fills() {
+  const rng_key key{.seed = 21, .stream = quintet::rng_stream_for("wte.weight")};
+  // Consecutive elements: split over the cores in runs of an even length; from an odd global
+  // index (row 515 of rows of 1025), so a run starts on the second element of a Box-Muller pair.
+  const shape global{1031, 1025};
+  for (const auto& [begin, end] : {std::pair{0, 1031}, std::pair{515, 1031}, std::pair{3, 4}}) {
+    const region rows = region(global).slice(0, begin, end);
+    tensor<T, host> shard(rows.local_shape());
+    quintet::fill_normal(shard, key, 0.25, 0.02, rows);
+    INFO("rows [" << begin << ", " << end << ")");
+    require_scalar_draws(shard, key, 0.25, 0.02, rows);
+  }
+  // Not consecutive: row by row, each row starting at an odd or even index.
+  const region columns = region(global).slice(1, 1, 1024);
+  tensor<T, host> shard(columns.local_shape());
+  quintet::fill_normal(shard, key, 0.25, 0.02, columns);
+  require_scalar_draws(shard, key, 0.25, 0.02, columns);
+}
+
+}  // namespace
+
+TEST_CASE("large and offset normal fills give every element its own scalar draw",
+          "[tensor][random]") {
+  check_large_normal_fills<float>();
+  check_large_normal_fills<double>();
+  check_large_normal_fills<quintet::bf16>();
 }
 
 TEST_CASE("random initialisation rejects a region of another shape and bad parameters",
@@ -112,8 +165,10 @@ TEST_CASE("random initialisation rejects a region of another shape and bad param
   REQUIRE_THROWS_WITH(quintet::fill_normal(t, key, 0, 1, region(shape{4, 6}).chunk(1, 3, 0)),
                       Catch::Contains("region's local shape (4, 2) differs from the destination's "
                                       "shape (4, 3)"));
-  REQUIRE_THROWS_WITH(quintet::fill_normal(t, key, 0, -1), Catch::Contains("standard deviation -1"));
-  REQUIRE_THROWS_WITH(quintet::fill_uniform(t, key, 2, 1), Catch::Contains("low 2 is above high 1"));
+  REQUIRE_THROWS_WITH(quintet::fill_normal(t, key, 0, -1),
+                      Catch::Contains("standard deviation -1"));
+  REQUIRE_THROWS_WITH(quintet::fill_uniform(t, key, 2, 1),
+                      Catch::Contains("low 2 is above high 1"));
   REQUIRE_THROWS_WITH(region(shape{4, 6}).slice(1, 5, 8),
                       Catch::Contains("slice [5, 8) is out of range for dimension 1 of extent 6"));
 }

@@ -15,3 +15,14 @@
 #else
 #define QUINTET_DEVICE_PASS 0
 #endif
+
+// Inlined into every caller whatever the optimiser's budget: the random-number math, so that a
+// caller compiled for a wider instruction set (detail::normal_run_fma) runs all of it with that
+// set instead of calling the generic copy.
+#if defined(__CUDACC__)
+#define QUINTET_FORCE_INLINE __forceinline__
+#elif defined(__GNUC__)
+#define QUINTET_FORCE_INLINE [[gnu::always_inline]] inline
+#else
+#define QUINTET_FORCE_INLINE inline
+#endif

@@ -17,8 +17,9 @@ struct philox_block {
 };
 
 // One Philox4x32 evaluation with 10 rounds: a bijection of the 128-bit counter keyed by 64 bits.
-QUINTET_HOST_DEVICE inline philox_block philox4x32_10(philox_block counter, std::uint32_t key0,
-                                                      std::uint32_t key1) {
+QUINTET_HOST_DEVICE QUINTET_FORCE_INLINE philox_block philox4x32_10(philox_block counter,
+                                                                    std::uint32_t key0,
+                                                                    std::uint32_t key1) {
   constexpr std::uint32_t multiplier0 = 0xD2511F53u, multiplier1 = 0xCD9E8D57u;
   constexpr std::uint32_t weyl0 = 0x9E3779B9u, weyl1 = 0xBB67AE85u;  // key schedule increments
   std::uint32_t* c = counter.word;
@@ -59,7 +60,8 @@ constexpr std::uint64_t rng_stream_for(std::string_view name) {
 }
 
 // The 128 random bits of block `block` of stream `key`: counter = (block, stream), key = seed.
-QUINTET_HOST_DEVICE inline philox_block random_block(rng_key key, std::uint64_t block) {
+QUINTET_HOST_DEVICE QUINTET_FORCE_INLINE philox_block random_block(rng_key key,
+                                                                   std::uint64_t block) {
   const philox_block counter{
       {static_cast<std::uint32_t>(block), static_cast<std::uint32_t>(block >> 32),
        static_cast<std::uint32_t>(key.stream), static_cast<std::uint32_t>(key.stream >> 32)}};
@@ -69,7 +71,7 @@ QUINTET_HOST_DEVICE inline philox_block random_block(rng_key key, std::uint64_t 
 
 namespace detail {
 
-QUINTET_HOST_DEVICE inline double fused_multiply_add(double a, double b, double c) {
+QUINTET_HOST_DEVICE QUINTET_FORCE_INLINE double fused_multiply_add(double a, double b, double c) {
 #if QUINTET_DEVICE_PASS
   return ::fma(a, b, c);
 #else
@@ -77,7 +79,7 @@ QUINTET_HOST_DEVICE inline double fused_multiply_add(double a, double b, double 
 #endif
 }
 
-QUINTET_HOST_DEVICE inline float fused_multiply_add(float a, float b, float c) {
+QUINTET_HOST_DEVICE QUINTET_FORCE_INLINE float fused_multiply_add(float a, float b, float c) {
 #if QUINTET_DEVICE_PASS
   return ::fmaf(a, b, c);
 #else
@@ -85,7 +87,7 @@ QUINTET_HOST_DEVICE inline float fused_multiply_add(float a, float b, float c) {
 #endif
 }
 
-QUINTET_HOST_DEVICE inline double square_root(double x) {
+QUINTET_HOST_DEVICE QUINTET_FORCE_INLINE double square_root(double x) {
 #if QUINTET_DEVICE_PASS
   return ::sqrt(x);
 #else
@@ -99,7 +101,7 @@ QUINTET_HOST_DEVICE inline double square_root(double x) {
 
 // Natural log of u in (0, 1], u normal: u = m 2^e with m in [sqrt(1/2), sqrt(2)), then
 // log m = 2 atanh(s) = 2 (s + s^3/3 + s^5/5 + ...) with s = (m-1)/(m+1), |s| <= 0.172.
-QUINTET_HOST_DEVICE inline double log_unit_interval(double u) {
+QUINTET_HOST_DEVICE QUINTET_FORCE_INLINE double log_unit_interval(double u) {
   const std::uint64_t bits = bits_of(u);
   int exponent = static_cast<int>((bits >> 52) & 0x7ff) - 1022;
   double m = double_from_bits((bits & 0x000fffffffffffffull) | (std::uint64_t{1022} << 52));
@@ -126,7 +128,7 @@ QUINTET_HOST_DEVICE inline double log_unit_interval(double u) {
 }
 
 // sin(x) and cos(x) for |x| <= pi/4 by Taylor series to x^19 and x^18 (error < 1e-17).
-QUINTET_HOST_DEVICE inline double sin_small(double x) {
+QUINTET_HOST_DEVICE QUINTET_FORCE_INLINE double sin_small(double x) {
   const double y = x * x;
   double p = -1.0 / 121645100408832000.0;  // -1/19!
   p = fused_multiply_add(p, y, 1.0 / 355687428096000.0);
@@ -141,7 +143,7 @@ QUINTET_HOST_DEVICE inline double sin_small(double x) {
   return x * p;
 }
 
-QUINTET_HOST_DEVICE inline double cos_small(double x) {
+QUINTET_HOST_DEVICE QUINTET_FORCE_INLINE double cos_small(double x) {
   const double y = x * x;
   double p = -1.0 / 6402373705728000.0;  // -1/18!
   p = fused_multiply_add(p, y, 1.0 / 20922789888000.0);
@@ -160,7 +162,7 @@ struct cos_sin {
   double cos, sin;
 };
 
-QUINTET_HOST_DEVICE inline cos_sin cos_sin_two_pi(double u) {
+QUINTET_HOST_DEVICE QUINTET_FORCE_INLINE cos_sin cos_sin_two_pi(double u) {
   const double quarters = 4.0 * u;  // exact
   const int quadrant = static_cast<int>(quarters);
   double r = quarters - quadrant;  // exact, in [0, 1): the angle is (quadrant + r) pi/2
@@ -184,14 +186,30 @@ QUINTET_HOST_DEVICE inline cos_sin cos_sin_two_pi(double u) {
 }
 
 // Uniform doubles from 53 random bits: [0, 1) and (0, 1].
-QUINTET_HOST_DEVICE inline double unit_closed_open(std::uint32_t high, std::uint32_t low) {
+QUINTET_HOST_DEVICE QUINTET_FORCE_INLINE double unit_closed_open(std::uint32_t high,
+                                                                 std::uint32_t low) {
   const std::uint64_t bits53 = ((std::uint64_t{high} << 32) | low) >> 11;
   return static_cast<double>(bits53) * 0x1.0p-53;
 }
 
-QUINTET_HOST_DEVICE inline double unit_open_closed(std::uint32_t high, std::uint32_t low) {
+QUINTET_HOST_DEVICE QUINTET_FORCE_INLINE double unit_open_closed(std::uint32_t high,
+                                                                 std::uint32_t low) {
   const std::uint64_t bits53 = ((std::uint64_t{high} << 32) | low) >> 11;
   return static_cast<double>(bits53 + 1) * 0x1.0p-53;
+}
+
+// The standard normals of elements 2k and 2k + 1 of a stream from its block k, computed in double:
+// Box-Muller on the block's two uniform doubles, r cos(theta) and r sin(theta).
+struct normal_pair {
+  double even, odd;
+};
+
+QUINTET_HOST_DEVICE QUINTET_FORCE_INLINE normal_pair box_muller(const philox_block& bits) {
+  const double radius_uniform = unit_open_closed(bits.word[0], bits.word[1]);
+  const double angle_uniform = unit_closed_open(bits.word[2], bits.word[3]);
+  const double radius = square_root(-2.0 * log_unit_interval(radius_uniform));
+  const cos_sin angle = cos_sin_two_pi(angle_uniform);
+  return {radius * angle.cos, radius * angle.sin};
 }
 
 }  // namespace detail
@@ -215,15 +233,11 @@ class rng_cursor {
     return detail::unit_closed_open(bits.word[lane], bits.word[lane + 1]);
   }
 
-  // Standard normal, computed in double: Box-Muller on one block gives the pair (2k, 2k+1) as
-  // r cos(theta) and r sin(theta).
+  // Standard normal, computed in double: Box-Muller on one block gives the pair (2k, 2k+1)
+  // (detail::box_muller).
   QUINTET_HOST_DEVICE double normal_double(std::uint64_t index) {
-    const philox_block& bits = block(index / 2);
-    const double radius_uniform = detail::unit_open_closed(bits.word[0], bits.word[1]);
-    const double angle_uniform = detail::unit_closed_open(bits.word[2], bits.word[3]);
-    const double radius = detail::square_root(-2.0 * detail::log_unit_interval(radius_uniform));
-    const detail::cos_sin angle = detail::cos_sin_two_pi(angle_uniform);
-    return radius * (index % 2 == 0 ? angle.cos : angle.sin);
+    const detail::normal_pair pair = detail::box_muller(block(index / 2));
+    return index % 2 == 0 ? pair.even : pair.odd;
   }
 
  private:
