@@ -615,47 +615,52 @@ void run_rank(const Source& source, const Source* held_out, const program_option
 // Runtime choices -> plan types: the dispatch table a user writes for a binary that must run
 // several plans. Each plan instantiates its own model code; what it does not use compiles away.
 // The data and tensor policies are in every row: at --dp 1 or --tp 1 each is a group of one.
+// dp<zero<runtime_stage>> takes --zero at run time (training_options::zero_stage): the stage
+// changes which collectives the data-parallel runtime posts, not the model's code, so one row
+// serves ZeRO-0 to 3 instead of one row per stage.
 //
-//   --sp-style  plan<dp<zero<--zero>>, tp<megatron_1d>, ...>    mesh             the sequence
-//   none        (nothing more)                                  {.dp, .tp}       whole
-//   megatron    sp<megatron_sp>                                 {.dp, .tp}       on the tp group
-//   ulysses     sp<ulysses>                                     {.dp, .tp, .sp}  on the sp axis
-//   ring        sp<ring>                                        {.dp, .tp, .sp}  on the sp axis
+//   --sp-style  plan<dp<zero<runtime_stage>>, tp<megatron_1d>, ...>  mesh         the sequence
+//   none        (nothing more)                                        {dp,tp}      whole
+//   megatron    sp<megatron_sp>                                       {dp,tp}      on tp
+//   ulysses     sp<ulysses>                                           {dp,tp,sp}   on sp
+//   ring        sp<ring>                                              {dp,tp,sp}   on sp
 //
 // (A single rank with no --sp-style is the serial model, plan serial_plan and no mesh.)
 //
-//   --pp > 1    plan<dp<zero<0>>, tp<megatron_1d>, pp<named_schedule>>   {.dp, .tp, .pp}  whole
-// One row for every schedule: pp<named_schedule> takes --schedule at run time (the schedules are
-// data, the stage code is the same), so the pipeline adds one instantiation, not eight. Its
-// stages are the plan's: under --tp each stage's layers are split over its tp ranks. --sp,
-// --sp-style and --zero 1-3 are refused with --pp here (the library composes pp with the sequence
-// styles; each would be one more row).
+//   --pp > 1    the same four rows with pp<named_schedule> last                + .pp
+// One row per sequence style for every schedule: pp<named_schedule> takes --schedule at run time
+// (the schedules are data, the stage code is the same). The stages are the plan's: under --tp and
+// the sequence styles each stage's layers are split as the whole model's would be. --zero 3 is
+// refused with --pp (ZeRO-3 gathers through the stages' access hooks, which the pipeline does not
+// drive yet).
 //
 //   --ep > 1    plan<dp<zero<0>>, tp<megatron_1d>, ep<top_k<runtime_k>>>   {.dp, .tp, .ep}
 // One row for every --top-k: the style's K only checks the model's k (the router's k is a model
 // option and changes no code), so top_k<runtime_k> takes the model's at run time — one
 // instantiation rather than one per k. ep subdivides dp (--dp must be a multiple of --ep); under
 // --tp every expert's hidden units are split over tp as the dense MLP's are. --sp, --sp-style,
-// --pp and --zero 1-3 are refused with --ep. A MoE model without --ep runs in the pipeline row
+// --pp and --zero 1-3 are refused with --ep. A MoE model without --ep runs in the pipeline rows
 // and in the rows without --sp-style, each rank holding every expert (under --tp, its slice).
 template <class Plan>
 struct plan_type {
   using type = Plan;
 };
 
-template <int Zero, class Fn>
+// The row of --sp-style, with `Last...` (pp<named_schedule> or nothing) after the sequence policy.
+template <class... Last, class Fn>
 void with_sequence_plan(const std::string& sp_style, Fn&& fn) {
   namespace par = quintet::parallel;
-  using data_parallel = par::dp<par::zero<Zero>>;
+  using data_parallel = par::dp<par::zero<par::runtime_stage>>;
   using tensor_parallel = par::tp<par::megatron_1d>;
   if (sp_style == "none") {
-    fn(plan_type<quintet::plan<data_parallel, tensor_parallel>>{});
+    fn(plan_type<quintet::plan<data_parallel, tensor_parallel, Last...>>{});
   } else if (sp_style == "megatron") {
-    fn(plan_type<quintet::plan<data_parallel, tensor_parallel, par::sp<par::megatron_sp>>>{});
+    fn(plan_type<
+        quintet::plan<data_parallel, tensor_parallel, par::sp<par::megatron_sp>, Last...>>{});
   } else if (sp_style == "ulysses") {
-    fn(plan_type<quintet::plan<data_parallel, tensor_parallel, par::sp<par::ulysses>>>{});
+    fn(plan_type<quintet::plan<data_parallel, tensor_parallel, par::sp<par::ulysses>, Last...>>{});
   } else if (sp_style == "ring") {
-    fn(plan_type<quintet::plan<data_parallel, tensor_parallel, par::sp<par::ring>>>{});
+    fn(plan_type<quintet::plan<data_parallel, tensor_parallel, par::sp<par::ring>, Last...>>{});
   } else {
     QUINTET_FAIL("--sp-style {}: expected none, megatron, ulysses or ring", sp_style);
   }
@@ -664,12 +669,9 @@ void with_sequence_plan(const std::string& sp_style, Fn&& fn) {
 template <class Fn>
 void with_plan(const program_options& options, Fn&& fn) {
   namespace par = quintet::parallel;
+  // check_parallel_options has refused the combinations no row takes (--zero 3 with --pp).
   if (options.pp > 1) {
-    QUINTET_CHECK(options.zero == 0 && options.sp_style == "none",
-                  "--pp {} runs with --dp (ZeRO-0) and --tp: --zero {}, --sp-style {}", options.pp,
-                  options.zero, options.sp_style);
-    return fn(plan_type<quintet::plan<par::dp<par::zero<0>>, par::tp<par::megatron_1d>,
-                                      par::pp<par::named_schedule>>>{});
+    return with_sequence_plan<par::pp<par::named_schedule>>(options.sp_style, fn);
   }
   if (options.ep > 1) {
     QUINTET_CHECK(options.zero == 0 && options.sp_style == "none",
@@ -678,18 +680,7 @@ void with_plan(const program_options& options, Fn&& fn) {
     return fn(plan_type<quintet::plan<par::dp<par::zero<0>>, par::tp<par::megatron_1d>,
                                       par::ep<par::top_k<par::runtime_k>>>>{});
   }
-  switch (options.zero) {
-    case 0:
-      return with_sequence_plan<0>(options.sp_style, fn);
-    case 1:
-      return with_sequence_plan<1>(options.sp_style, fn);
-    case 2:
-      return with_sequence_plan<2>(options.sp_style, fn);
-    case 3:
-      return with_sequence_plan<3>(options.sp_style, fn);
-    default:
-      QUINTET_FAIL("--zero {}: expected 0, 1, 2 or 3", options.zero);
-  }
+  return with_sequence_plan<>(options.sp_style, fn);
 }
 
 // The mesh of the run's degrees.
@@ -813,15 +804,10 @@ void check_parallel_options(const program_options& options) {
                                : std::string());
   check_expert_options(options);
   if (options.pp > 1) {
-    // train_gpt's pipeline row splits its stages over tp; the sequence styles are not in it.
-    QUINTET_CHECK(options.sp == 1 && options.sp_style == "none",
-                  "--pp {} with --sp {} --sp-style {}: train_gpt composes pipeline parallelism "
-                  "with --dp and --tp (the library also with sp<...>: one plan row each, not "
-                  "built here)",
-                  options.pp, options.sp, options.sp_style);
-    QUINTET_CHECK(options.zero == 0,
-                  "--pp {} with --zero {}: pipeline parallelism composes with ZeRO-0 (DDP) only "
-                  "so far",
+    QUINTET_CHECK(options.zero <= 2,
+                  "--pp {} with --zero {}: pipeline parallelism composes with ZeRO-0, 1 and 2 "
+                  "(ZeRO-3 gathers each layer through hooks the pipeline's stages do not drive "
+                  "yet)",
                   options.pp, options.zero);
     QUINTET_CHECK(options.sample_tokens == 0,
                   "--pp {}: samples need the whole model on a rank (nn::gpt_decoder); give "
@@ -881,6 +867,7 @@ template <class Source>
 int train(const Source& source, const Source* held_out, program_options options) {
   options.model.vocab = source.vocab_size();
   options.model.max_seq = options.training.seq;
+  options.training.zero_stage = options.zero;  // dp<zero<runtime_stage>> takes it at run time
   if (options.pp > 1) {
     options.training.pipeline = {.schedule = options.schedule,
                                  .virtual_stages = options.virtual_stages,

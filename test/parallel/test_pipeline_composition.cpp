@@ -1,10 +1,11 @@
-// Pipeline parallelism composed with tensor and sequence parallelism inside the stages, proven by
-// parity with the serial GPT: 5 AdamW steps of train::trainer, every step's loss and every shard a
-// rank holds compared with the serial run, in float (AdamW's tolerance) and in double (1e-12),
-// every serial parameter covered. pp 2 x tp 2 under 1f1b, zb-v (the V map: both ends of the model
-// on one rank) and interleaved; dp 2 x pp 2 x tp 2; an untied head; MoE blocks with their experts
-// split over tp; pp 2 x ring sp 2 and pp 2 x Megatron-SP tp 2 (the stages send seq / tp rows),
-// both without dp (the trainer then sums the partial gradients itself). The gradient norm, every
+// Pipeline parallelism composed with tensor, sequence and data parallelism, proven by parity with
+// the serial GPT: 5 AdamW steps of train::trainer, every step's loss and every shard a rank holds
+// compared with the serial run, in float (AdamW's tolerance) and in double (1e-12), every serial
+// parameter covered. pp 2 x tp 2 under 1f1b, zb-v (the V map: both ends of the model on one rank)
+// and interleaved; dp 2 x pp 2 x tp 2; an untied head; MoE blocks with their experts split over
+// tp. Without dp (the trainer then sums the partial gradients itself): pp 2 x ring sp 2, pp 2 x
+// Megatron-SP tp 2 (the stages send seq / tp rows), pp 2 x Ulysses sp 2 (also with tp 2). dp 2 x
+// pp 2 under ZeRO-1 and ZeRO-2, dp 2 x pp 2 x Ulysses sp 2 under ZeRO-1. The gradient norm, every
 // step, equals the serial one on every rank.
 #include <catch2/catch.hpp>
 
@@ -15,9 +16,11 @@
 #include <quintet/parallel/pipeline/catalog.hpp>
 #include <quintet/parallel/sequence/megatron_sp.hpp>
 #include <quintet/parallel/sequence/ring.hpp>
+#include <quintet/parallel/sequence/ulysses.hpp>
 #include <quintet/train/parity.hpp>
 #include <quintet/train/trainer.hpp>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -32,9 +35,16 @@ using data_parallel = par::dp<par::zero<0>>;
 using tensor_parallel = par::tp<par::megatron_1d>;
 using pipelined = par::pp<par::named_schedule>;
 using tp_pp_plan = quintet::plan<data_parallel, tensor_parallel, pipelined>;
+using zero1_pp_plan = quintet::plan<par::dp<par::zero<1>>, tensor_parallel, pipelined>;
+using zero2_pp_plan = quintet::plan<par::dp<par::zero<2>>, tensor_parallel, pipelined>;
 // Without dp: the trainer sums the gradients sp (and Megatron-SP's tp) leave partial itself.
 using ring_pp_plan = quintet::plan<tensor_parallel, par::sp<par::ring>, pipelined>;
 using megatron_sp_pp_plan = quintet::plan<tensor_parallel, par::sp<par::megatron_sp>, pipelined>;
+using ulysses_pp_plan = quintet::plan<tensor_parallel, par::sp<par::ulysses>, pipelined>;
+// With dp: its buckets reduce the gradients Ulysses leaves partial over sp with dp's (one product
+// group collective), under ZeRO-1.
+using dp_ulysses_pp_plan =
+    quintet::plan<par::dp<par::zero<1>>, tensor_parallel, par::sp<par::ulysses>, pipelined>;
 using mesh_type = quintet::device_mesh<quintet::thread_comm>;
 
 // Four layers of 4 heads (divide over tp 2 and sp 2), 2p = 4 stages for the V map at p = 2.
@@ -60,9 +70,11 @@ const train::parity_tolerance exact{
 // 3e-15 — fp32 rounding of the tp partial sums amplified by m / sqrt(v), not a wrong function.
 template <class Plan>
 void require_composed_parity(const std::string& schedule, quintet::mesh_degrees degrees,
-                             const quintet::nn::gpt_config& model = composed_model) {
+                             const quintet::nn::gpt_config& model = composed_model,
+                             std::int64_t bucket_elements = 0) {
   INFO("schedule " << schedule);
-  const auto options = composed_training(schedule);
+  auto options = composed_training(schedule);
+  options.bucket_elements = bucket_elements;
   const auto in_float = train::check_parity<float, Plan>(
       masked_source{}, model, options, degrees,
       train::parity_tolerance::for_adamw(options.lr, options.steps));
@@ -110,7 +122,8 @@ TEST_CASE("pp x tp trains like the serial GPT", "[parity][pipeline]") {
   }
 }
 
-TEST_CASE("pp x sp trains like the serial GPT: ring and Megatron-SP", "[parity][pipeline]") {
+TEST_CASE("pp x sp trains like the serial GPT: ring, Megatron-SP and Ulysses",
+          "[parity][pipeline]") {
   SECTION("pp 2 x ring sp 2") {
     for (const std::string schedule : {"1f1b", "zb-v"})
       require_composed_parity<ring_pp_plan>(schedule, {.pp = 2, .sp = 2});
@@ -118,32 +131,112 @@ TEST_CASE("pp x sp trains like the serial GPT: ring and Megatron-SP", "[parity][
   SECTION("pp 2 x Megatron-SP on tp 2: the stages exchange seq / tp rows") {
     require_composed_parity<megatron_sp_pp_plan>("1f1b", {.pp = 2, .tp = 2});
   }
+  SECTION("pp 2 x Ulysses sp 2, and tp 2 x Ulysses sp 2 inside the stages (one head per rank)") {
+    for (const std::string schedule : {"1f1b", "zb-v"})
+      require_composed_parity<ulysses_pp_plan>(schedule, {.pp = 2, .sp = 2});
+    require_composed_parity<ulysses_pp_plan>("1f1b", {.pp = 2, .tp = 2, .sp = 2});
+  }
+  SECTION("dp 2 x pp 2 x Ulysses sp 2 under ZeRO-1") {
+    require_composed_parity<dp_ulysses_pp_plan>("1f1b", {.dp = 2, .pp = 2, .sp = 2}, composed_model,
+                                                500);
+  }
 }
 
-TEST_CASE("under pp x tp the gradient norm equals the serial one on every rank",
-          "[parity][pipeline]") {
+// ZeRO-1 and -2 under pp: each dp rank keeps a shard of every bucket's reduced gradient, and the
+// tied table's two copies (1F1B: on the first and the last stage's ranks) are summed over pp
+// before the dp reduce-scatter; under ZB-V one rank holds both ends. Buckets of 500 elements, so a
+// stage has several and the table's waits for the pp sum while the others go during backward.
+TEST_CASE("dp x pp under ZeRO-1 and ZeRO-2 trains like the serial GPT", "[parity][pipeline]") {
+  for (const std::string schedule : {"1f1b", "zb-v"}) {
+    require_composed_parity<zero1_pp_plan>(schedule, {.dp = 2, .pp = 2}, composed_model, 500);
+    require_composed_parity<zero2_pp_plan>(schedule, {.dp = 2, .pp = 2}, composed_model, 500);
+  }
+  SECTION("dp 2 x pp 2 x tp 2 under ZeRO-1, one bucket per stage") {
+    require_composed_parity<zero1_pp_plan>("1f1b", {.dp = 2, .pp = 2, .tp = 2});
+  }
+}
+
+// dp<zero<runtime_stage>> takes its stage from the options: the same bits as the plan that fixes
+// it; a stage missing, one a fixed plan contradicts, and ZeRO-3 under pp are refused.
+TEST_CASE("a ZeRO stage given at run time trains as the fixed one, and bad stages are refused",
+          "[pipeline]") {
+  using runtime_pp_plan =
+      quintet::plan<par::dp<par::zero<par::runtime_stage>>, tensor_parallel, pipelined>;
   const quintet::execution<host> exec(1);
   const masked_source data;
-  for (const std::string schedule : {"1f1b", "zb-v"}) {
-    INFO("schedule " << schedule);
-    const auto options = composed_training(schedule);
-    train::trainer<float, masked_source> serial(data, composed_model, options, exec);
-    std::vector<train::step_metrics> expected;
-    for (int s = 0; s < 3; ++s) expected.push_back(serial.train_step());
-    std::vector<std::vector<train::step_metrics>> got(4);
+  auto options = composed_training("1f1b");
+  options.bucket_elements = 500;
+  const quintet::mesh_degrees degrees{.dp = 2, .pp = 2};
+  const auto losses = [&]<class Plan>(const train::training_options& run_options) {
+    std::vector<double> out;
     quintet::thread_world{4}.run([&](quintet::thread_comm& comm) {
-      mesh_type mesh(comm, {.pp = 2, .tp = 2});
-      train::trainer<float, masked_source, tp_pp_plan, mesh_type> run(data, composed_model, options,
-                                                                      exec, &mesh);
-      for (int s = 0; s < 3; ++s)
-        got[static_cast<std::size_t>(comm.rank())].push_back(run.train_step());
-    });
-    for (const auto& rank : got)
+      mesh_type mesh(comm, degrees);
+      train::trainer<float, masked_source, Plan, mesh_type> run(data, composed_model, run_options,
+                                                                exec, &mesh);
       for (int s = 0; s < 3; ++s) {
-        REQUIRE(rank[s].gradient_norm == Approx(expected[s].gradient_norm).epsilon(1e-5));
-        REQUIRE(rank[s].loss == Approx(expected[s].loss).epsilon(1e-5));
-        REQUIRE(rank[s].gradient_norm == got.front()[s].gradient_norm);
-        REQUIRE(rank[s].loss == got.front()[s].loss);
+        const double loss = run.train_step().loss;
+        if (comm.rank() == 0) out.push_back(loss);
       }
+    });
+    return out;
+  };
+  auto at_stage = [&](int stage) {
+    train::training_options with = options;
+    with.zero_stage = stage;
+    return with;
+  };
+  CHECK(losses.operator()<runtime_pp_plan>(at_stage(1)) ==
+        losses.operator()<zero1_pp_plan>(options));
+  CHECK(losses.operator()<runtime_pp_plan>(at_stage(2)) ==
+        losses.operator()<zero2_pp_plan>(at_stage(2)));
+  CHECK_THROWS_WITH(losses.operator()<runtime_pp_plan>(options),
+                    Catch::Contains("takes its ZeRO stage at run time"));
+  CHECK_THROWS_WITH(losses.operator()<runtime_pp_plan>(at_stage(3)),
+                    Catch::Contains("ZeRO-3 with pipeline parallelism is not supported yet"));
+  CHECK_THROWS_WITH(losses.operator()<zero2_pp_plan>(at_stage(1)),
+                    Catch::Contains("training_options::zero_stage is 1, but the plan") &&
+                        Catch::Contains("fixes ZeRO stage 2"));
+}
+
+namespace {
+
+// Three steps under Plan on `degrees`: every rank's gradient norm and loss equal the serial ones
+// (to fp32 rounding) and each other's (bit for bit).
+template <class Plan>
+void require_serial_norms(const std::string& schedule, quintet::mesh_degrees degrees) {
+  INFO("schedule " << schedule);
+  const quintet::execution<host> exec(1);
+  const masked_source data;
+  auto options = composed_training(schedule);
+  options.bucket_elements = 500;
+  train::trainer<float, masked_source> serial(data, composed_model, options, exec);
+  std::vector<train::step_metrics> expected;
+  for (int s = 0; s < 3; ++s) expected.push_back(serial.train_step());
+  const int world = degrees.dp * degrees.pp * degrees.tp * degrees.sp;
+  std::vector<std::vector<train::step_metrics>> got(static_cast<std::size_t>(world));
+  quintet::thread_world{world}.run([&](quintet::thread_comm& comm) {
+    mesh_type mesh(comm, degrees);
+    train::trainer<float, masked_source, Plan, mesh_type> run(data, composed_model, options, exec,
+                                                              &mesh);
+    for (int s = 0; s < 3; ++s)
+      got[static_cast<std::size_t>(comm.rank())].push_back(run.train_step());
+  });
+  for (const auto& rank : got)
+    for (int s = 0; s < 3; ++s) {
+      REQUIRE(rank[s].gradient_norm == Approx(expected[s].gradient_norm).epsilon(1e-5));
+      REQUIRE(rank[s].loss == Approx(expected[s].loss).epsilon(1e-5));
+      REQUIRE(rank[s].gradient_norm == got.front()[s].gradient_norm);
+      REQUIRE(rank[s].loss == got.front()[s].loss);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("under pp the gradient norm equals the serial one on every rank: tp, ZeRO-1, ZeRO-2",
+          "[parity][pipeline]") {
+  for (const std::string schedule : {"1f1b", "zb-v"}) {
+    require_serial_norms<tp_pp_plan>(schedule, {.pp = 2, .tp = 2});
+    require_serial_norms<zero1_pp_plan>(schedule, {.dp = 2, .pp = 2});
+    require_serial_norms<zero2_pp_plan>(schedule, {.dp = 2, .pp = 2, .tp = 2});
   }
 }

@@ -55,6 +55,26 @@ double sum_over_groups(Mesh& mesh, const std::map<mesh_axis_set, double>& square
   return total;
 }
 
+// Under pp every rank must reduce the same sets in the same order, but a rank holds its own
+// stages' parameters only (a stage may lack, say, every tp-sharded parameter): the sets any rank
+// of the pp group has become every rank's, through one all-reduce of a flag per set.
+template <mesh_like Mesh>
+void unite_over_pp(Mesh& mesh, std::map<mesh_axis_set, double>& squares) {
+  constexpr std::size_t subsets = std::size_t{1} << all_mesh_axes.size();
+  const auto subset = [](std::size_t index) {
+    mesh_axis_set out;
+    for (std::size_t k = 0; k < all_mesh_axes.size(); ++k)
+      if ((index >> k) & 1u) out = out.with(all_mesh_axes[k]);
+    return out;
+  };
+  quintet::tensor<std::int32_t, host> present(shape{static_cast<std::int64_t>(subsets)});
+  for (std::size_t i = 0; i < subsets; ++i)
+    present(static_cast<std::int64_t>(i)) = squares.contains(subset(i)) ? 1 : 0;
+  all_reduce_from_host(mesh.pp(), present, reduce_op::max);
+  for (std::size_t i = 0; i < subsets; ++i)
+    if (present(static_cast<std::int64_t>(i)) != 0) squares.try_emplace(subset(i), 0.0);
+}
+
 template <class Plan, class T, class Device, mesh_like Mesh>
 double global_gradient_norm(const execution<Device>& exec,
                             const nn::parameter_registry<T, Device>& registry, Mesh& mesh,
@@ -100,6 +120,7 @@ double global_gradient_norm(const execution<Device>& exec,
     squares.try_emplace(over_stages, 0.0);
     for (const auto& p : registry)
       squares.try_emplace(p.placement.sharded_axes() | over_stages, 0.0);
+    unite_over_pp(mesh, squares);
   }
   return std::sqrt(sum_over_groups(mesh, squares));
 }

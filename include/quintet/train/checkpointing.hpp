@@ -190,17 +190,19 @@ struct held_range {
 template <class Trainer, class Fn>
 void for_each_held(Trainer& trainer, Fn&& fn) {
   using T = typename Trainer::value_type;
-  constexpr int zero = Trainer::zero_stage;
+  const int zero = trainer.zero_stage();
   auto& optimizer = trainer.optimizer();
   // ZeRO-3: each parameter's shard of the values (by name).
   std::map<std::string, held_range<T>, std::less<>> shards;
-  if constexpr (zero == 3)
-    for (const auto& owned : trainer.data_parallel().optimizer_ranges())
-      shards[owned.name] = {owned.range, owned.value.data()};
+  if constexpr (requires { trainer.data_parallel(); }) {
+    if (zero == 3)
+      for (const auto& owned : trainer.data_parallel().optimizer_ranges())
+        shards[owned.name] = {owned.range, owned.value.data()};
+  }
   for (auto& p : trainer.parameters()) {
     const std::int64_t numel = p.local.local_shape().numel();
     const mesh_axis_set dp_split = zero >= 1 ? p.placement.partial_axes() : mesh_axis_set{};
-    if constexpr (zero == 3) {
+    if (zero == 3) {
       const auto mine = shards.find(p.name);
       QUINTET_CHECK(mine != shards.end(), "checkpoint: no ZeRO-3 shard of parameter '{}'", p.name);
       fn(p, p.name, mine->second, dp_split);
@@ -279,6 +281,8 @@ void save_checkpoint(Trainer& trainer, const checkpoint::checkpoint_directory& d
   state["seed"] = trainer.options().seed;
   for (auto& [key, value] : detail::run_definition(trainer)) state[key] = std::move(value);
   state["plan"] = Trainer::plan_type::name();
+  state["zero_stage"] =
+      static_cast<std::int64_t>(trainer.zero_stage());  // the plan may take it at run time
   if constexpr (mesh_like<typename Trainer::mesh_type>) {
     auto& mesh = *trainer.mesh();
     const auto& d = mesh.degrees();

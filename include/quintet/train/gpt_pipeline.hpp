@@ -88,8 +88,9 @@ class gpt_pipeline {
   // (d objective / d loss sum: 1 / the step's counted targets for the mean), then the tied table's
   // gradient summed. Gradients accumulate into the registry (zero them between steps). Returns each
   // micro-batch's loss on the rank holding the last stage, nothing elsewhere.
-  // shared: sum the tied table's gradient here (sum_shared_gradients() later otherwise: data
-  // parallelism first completes its reductions, which may still be reading the gradients).
+  // shared: sum the tied table's gradient here (false: the caller calls sum_shared_gradients()
+  // when data parallelism's reductions allow: after them under ZeRO-0, which may still be reading
+  // the gradients; before the table's own under ZeRO-1/2).
   // aux_loss_scale: d objective / d (each MoE block's auxiliary losses of a micro-batch).
   std::vector<kernels::cross_entropy_result> step(const data_source& data, double loss_scale,
                                                   bool shared = true, double aux_loss_scale = 1.0) {
@@ -129,6 +130,11 @@ class gpt_pipeline {
   // pp calls it; those without the table return at once).
   void sum_shared_gradients() {
     parallel::pipeline::sum_shared_gradients(registry_, pp_, runtime_.plan(), exec_);
+  }
+  // The tied table's values from the first stage's rank to the last's (after a ZeRO-1/2 update:
+  // parallel::pipeline::share_first_stage_values says why).
+  void share_first_stage_values() {
+    parallel::pipeline::share_first_stage_values(registry_, pp_, runtime_.plan());
   }
 
   // The forward alone of micro-batches 0 .. micro_batches - 1 (evaluation): each micro-batch goes

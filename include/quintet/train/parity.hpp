@@ -326,7 +326,12 @@ parity_report check_parity(const Source& source, const nn::gpt_config& model,
     ranks[static_cast<std::size_t>(comm.rank())] =
         parity_rank<T, Plan, Source>(source, model, training, exec, &mesh);
   });
-  return compare_with_serial(serial, ranks, tolerance, Plan::name());
+  // A stage given at run time (dp<zero<runtime_stage>>) is named with the plan.
+  const std::string plan = training.zero_stage < 0
+                               ? Plan::name()
+                               : quintet::detail::format_message("{} at ZeRO stage {}",
+                                                                 Plan::name(), training.zero_stage);
+  return compare_with_serial(serial, ranks, tolerance, plan);
 }
 
 }  // namespace quintet::train

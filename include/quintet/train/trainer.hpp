@@ -101,6 +101,9 @@ struct training_options {
   // Data parallelism: elements per gradient-reduction bucket (0: one bucket per set of partial
   // axes, reduced after backward).
   std::int64_t bucket_elements = 0;
+  // Under dp<zero<runtime_stage>>: the ZeRO stage, 0-3. -1: the plan's (a plan with a fixed stage
+  // refuses any other).
+  int zero_stage = -1;
   pipeline_options pipeline{};
 
   void validate() const {
@@ -118,6 +121,9 @@ struct training_options {
                   "training: gradient buckets of {} elements; give a positive size (or 0: one "
                   "bucket per set of partial axes)",
                   bucket_elements);
+    QUINTET_CHECK(zero_stage >= -1 && zero_stage <= 3,
+                  "training: ZeRO stage {} is not one of 0, 1, 2, 3 (or -1: the plan's)",
+                  zero_stage);
     QUINTET_CHECK(pipeline.virtual_stages >= 1,
                   "training: {} virtual stages per rank, need at least 1", pipeline.virtual_stages);
   }
@@ -200,12 +206,40 @@ class trainer {
       return 0;
     }
   }();
-  // ZeRO-1/2 shard the reduced gradient over dp before the tied table's pp sum could complete it
-  // (and their norm counts every parameter on every pp rank): only DDP composes with pp so far.
+  // ZeRO-3 gathers a piece's parameters through the stage's access hooks, which the pipeline's
+  // stages (and their split backward) do not drive yet: pp composes with ZeRO-0, 1 and 2 (a stage
+  // chosen at run time is checked in zero_stage_for).
   static_assert(!is_pipelined || !is_data_parallel ||
-                    zero_stage_of<typename Plan::template style<parallel::strategy::data>> == 0,
-                "train::trainer: pp<...> composes with dp<zero<0>> only; ZeRO-1/2/3 with "
-                "pipeline parallelism is not supported yet");
+                    zero_stage_of<typename Plan::template style<parallel::strategy::data>> <= 2,
+                "train::trainer: pp<...> composes with dp<zero<0>>, zero<1> and zero<2>; ZeRO-3 "
+                "with pipeline parallelism is not supported yet");
+  // The run's ZeRO stage: the plan's, or under dp<zero<runtime_stage>> the options' (0 without
+  // data parallelism).
+  static int zero_stage_for(const training_options& options) {
+    if constexpr (!is_data_parallel) {
+      return 0;
+    } else {
+      constexpr int planned =
+          zero_stage_of<typename Plan::template style<parallel::strategy::data>>;
+      if constexpr (planned == parallel::runtime_stage) {
+        QUINTET_CHECK(options.zero_stage >= 0,
+                      "training: the plan {} takes its ZeRO stage at run time; set "
+                      "training_options::zero_stage to 0, 1, 2 or 3",
+                      Plan::name());
+        QUINTET_CHECK(!is_pipelined || options.zero_stage <= 2,
+                      "training: pp<...> composes with ZeRO-0, 1 and 2; ZeRO-{} with pipeline "
+                      "parallelism is not supported yet",
+                      options.zero_stage);
+        return options.zero_stage;
+      } else {
+        QUINTET_CHECK(options.zero_stage < 0 || options.zero_stage == planned,
+                      "training: training_options::zero_stage is {}, but the plan {} fixes ZeRO "
+                      "stage {}",
+                      options.zero_stage, Plan::name(), planned);
+        return planned;
+      }
+    }
+  }
   template <bool, class M>
   struct runtime_slot {
     using type = std::monostate;
@@ -252,6 +286,7 @@ class trainer {
           const execution<host>& exec, Mesh* mesh = nullptr)
       : source_(source),
         options_((options.validate(), options)),
+        zero_stage_(zero_stage_for(options)),
         exec_(exec),
         mesh_(required(mesh)),
         registry_(make_registry(options.seed, mesh)),
@@ -269,9 +304,8 @@ class trainer {
                     "training: a global batch of {} sequences does not split over dp = {} ranks x "
                     "{} micro-batches",
                     options.batch, dp, options.micro_batches);
-      const parallel::data_parallel_options dp_options{
-          .zero_stage = Plan::template style<parallel::strategy::data>::stage,
-          .bucket_elements = options.bucket_elements};
+      const parallel::data_parallel_options dp_options{.zero_stage = zero_stage_,
+                                                       .bucket_elements = options.bucket_elements};
       using runtime_type = parallel::data_parallel_runtime<T, host, Mesh>;
       if constexpr (is_pipelined) {
         registry_.flatten(runtime_type::layout(dp_options));
@@ -286,14 +320,23 @@ class trainer {
         if (dp_options.zero_stage == 3)
           model_.model.stage().on_parameter_access(data_parallel_->parameter_access());
       }
-      // A rank holding the first and the last stage (a V-shaped map) keeps one tied table that
-      // both stages' backwards complete, in either order: it is left unannounced, and its bucket
-      // reduced after the last backward (finish_reduction).
+      // The tied table, held by the first and the last stage, is left unannounced where its
+      // gradient is not complete after one stage's backward: its bucket is then reduced over dp
+      // by finish_reduction, after the last backward.
+      // - A rank holding both stages (a V-shaped map) keeps one table that both backwards
+      //   complete, in either order.
+      // - Under ZeRO-1 and -2 each rank keeps only a shard of the reduced gradient, and the two
+      //   stage ranks' shards of the table are different ranges of different buckets: the two
+      //   copies are summed over pp first (sums are linear: only the rounding differs), and the
+      //   first stage's values are sent to the other rank after the update.
+      // Under ZeRO-0 with the stages on two ranks each copy is reduced during backward and the
+      // two reduced copies summed after (both ranks add the same two terms: the same bits).
       const nn::parameter<T, host>* shared = nullptr;
       if constexpr (is_pipelined) {
         const auto stages = model_.stages();
-        if (model.tie_weights && stages.size() >= 2 && stages.front()->holds_embedding() &&
-            stages.back()->holds_head())
+        const bool both_ends = model.tie_weights && stages.size() >= 2 &&
+                               stages.front()->holds_embedding() && stages.back()->holds_head();
+        if (both_ends || zero_stage_ >= 1)
           for (auto& p : registry_)
             if (p.placement.stages().size() >= 2) shared = &p;
       }
@@ -358,7 +401,7 @@ class trainer {
     double loss_sum = 0.0;
     std::int64_t scored = 0;
     if constexpr (is_pipelined) {
-      // The tied table is summed over pp after data parallelism's reductions (below).
+      // The tied table's gradient is summed over pp below, in the order data parallelism needs.
       const auto losses = model_.pipeline.step(
           [&](int m) {
             return typename model_slot_type::pipeline_type::micro_batch{
@@ -396,19 +439,23 @@ class trainer {
                   step, local_counted, scored);
     double norm = 0.0;
     if constexpr (is_pipelined) {
-      // dp<zero<0>>: the buckets reduced in place over dp; then the tied table's two copies
-      // summed over pp (both orders give the same sum: the reductions are linear).
-      // Without dp, the gradients tp or sp leave partial are summed here (with dp, its buckets
-      // reduce them with dp's, on the product group).
+      // With dp: ZeRO-0 completes the buckets' reductions over dp, then the tied table's two
+      // reduced copies are summed over pp; ZeRO-1/2 sum the copies first and then reduce (the
+      // table's bucket, left unannounced, only now), each rank keeping its shard (see the
+      // constructor). Without dp, the gradients tp or sp leave partial are summed here (with dp,
+      // its buckets reduce them with dp's, on the product group), then the table's copies.
+      const std::vector<int>& stages_here = model_.pipeline.runtime().stages();
       if constexpr (is_data_parallel) {
+        if (zero_stage_ >= 1) model_.pipeline.sum_shared_gradients();
         data_parallel_->finish_reduction();
+        if (zero_stage_ == 0) model_.pipeline.sum_shared_gradients();
         loss_sum = sum_over_dp(loss_sum);
+        norm = data_parallel_->template gradient_norm<Plan>(exec_, stages_here);
       } else {
         parallel::synchronize_gradients(registry_, *mesh_);
+        model_.pipeline.sum_shared_gradients();
+        norm = parallel::global_gradient_norm<Plan>(exec_, registry_, *mesh_, stages_here);
       }
-      model_.pipeline.sum_shared_gradients();
-      norm = parallel::global_gradient_norm<Plan>(exec_, registry_, *mesh_,
-                                                  model_.pipeline.runtime().stages());
     } else if constexpr (is_data_parallel) {
       // The buckets backward launched, and any it did not, complete here.
       data_parallel_->finish_reduction();
@@ -427,7 +474,11 @@ class trainer {
     QUINTET_CHECK(std::isfinite(loss), "training stopped at step {}: the loss is {}", step, loss);
     const double lr = schedule_(step);
     optimizer_.step(lr, optim::clip_factor(norm, options_.clip_norm));
-    if constexpr (is_data_parallel) data_parallel_->gather_parameters();
+    if constexpr (is_data_parallel) {
+      data_parallel_->gather_parameters();
+      if constexpr (is_pipelined)
+        if (zero_stage_ >= 1) model_.pipeline.share_first_stage_values();
+    }
     ++next_step_;
     const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
     return {step, loss, norm, lr, elapsed.count(), tokens, std::move(experts)};
@@ -492,14 +543,8 @@ class trainer {
   using value_type = T;
   using plan_type = Plan;
   using mesh_type = Mesh;
-  // The ZeRO stage of the plan's data parallelism (0 without it).
-  static constexpr int zero_stage = [] {
-    if constexpr (is_data_parallel) {
-      return zero_stage_of<typename Plan::template style<parallel::strategy::data>>;
-    } else {
-      return 0;
-    }
-  }();
+  // The ZeRO stage of the run's data parallelism (0 without it).
+  int zero_stage() const { return zero_stage_; }
   // Continue as if `step` steps had been taken (a checkpoint restored the parameters and the
   // optimizer's moments): the next step is `step`, and AdamW's bias correction counts from it.
   void resume_at(std::int64_t step) {
@@ -695,6 +740,7 @@ class trainer {
   parallel::no_mesh no_mesh_;  // first: mesh_ may point to it
   const Source& source_;
   training_options options_;
+  int zero_stage_;
   const execution<host>& exec_;
   Mesh* mesh_;
   nn::parameter_registry<T, host> registry_;

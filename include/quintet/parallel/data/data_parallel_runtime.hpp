@@ -43,6 +43,7 @@
 #include <quintet/nn/parameter_access.hpp>
 #include <quintet/parallel/flat_sharding.hpp>
 #include <quintet/parallel/gradient_norm.hpp>
+#include <quintet/parallel/strategy.hpp>
 #include <quintet/tensor/copy.hpp>
 #include <quintet/tensor/slice.hpp>
 #include <quintet/tensor/tensor.hpp>
@@ -345,16 +346,29 @@ class data_parallel_runtime {
   }
 
   // The global norm of the reduced gradient, every element of the serial model counted once.
+  // `stages_here`: under pp<...>, the pipeline stages this rank holds (as global_gradient_norm
+  // takes them): the sums add up over pp too, a parameter several stages hold counted by the rank
+  // of its first stage only.
   template <class Plan>
-  double gradient_norm(const execution<Device>& exec) {
-    if (!sharded()) return global_gradient_norm<Plan>(exec, registry_, mesh_);
+  double gradient_norm(const execution<Device>& exec, const std::vector<int>& stages_here = {}) {
+    if (!sharded()) return global_gradient_norm<Plan>(exec, registry_, mesh_, stages_here);
+    constexpr bool pipelined = Plan::template has<strategy::pipeline>;
+    QUINTET_CHECK(pipelined != stages_here.empty(),
+                  "gradient norm: the plan {} {}, but {} pipeline stages were given", Plan::name(),
+                  pipelined ? "is pipelined" : "has no pp<...>", stages_here.size());
     for (const auto& p : registry_)
       QUINTET_CHECK(Plan::axes.contains_all(p.placement.sharded_axes()),
                     "gradient norm: parameter '{}' is sharded over {}, but the plan {} runs on {} "
                     "only",
                     p.name, name_of(p.placement.sharded_axes()), Plan::name(), name_of(Plan::axes));
+    const mesh_axis_set over_stages = pipelined ? mesh_axis_set{mesh_axis::pp} : mesh_axis_set{};
+    const auto counted_here = [&](const parameter_type& p) {
+      if (!pipelined) return true;
+      const int first = p.placement.stages().front();
+      return std::find(stages_here.begin(), stages_here.end(), first) != stages_here.end();
+    };
     // Each rank's shard: a parameter's owned range is unique over its bucket's group, and its
-    // blocks over its sharded axes; summed over the union of the two.
+    // blocks over its sharded axes; summed over the union of the two (and pp).
     std::map<mesh_axis_set, double> squares;
     auto& buckets = registry_.buckets();
     for (std::size_t b = 0; b < buckets.size(); ++b) {
@@ -363,15 +377,16 @@ class data_parallel_runtime {
       const flat_range mine = slot.sharding.owned(slot.group->rank());
       for (std::size_t i = 0; i < bucket.parameters.size(); ++i) {
         const auto* p = bucket.parameters[i];
-        const mesh_axis_set axes = p->placement.sharded_axes() | bucket.partial_axes;
+        const mesh_axis_set axes = p->placement.sharded_axes() | bucket.partial_axes | over_stages;
         const flat_range owned = owned_range(bucket.offsets[i], numel_of(*p), mine);
         double& sum = squares[axes];
-        if (owned.size() == 0) continue;
+        if (owned.size() == 0 || !counted_here(*p)) continue;
         const std::int64_t in_shard = bucket.offsets[i] + owned.begin - mine.begin;
         sum += kernels::squared_norm(exec,
                                      slice(reduced_shard(b), 0, in_shard, in_shard + owned.size()));
       }
     }
+    if constexpr (pipelined) unite_over_pp(mesh_, squares);
     return std::sqrt(sum_over_groups(mesh_, squares));
   }
 

@@ -19,9 +19,16 @@
 
 namespace quintet::parallel {
 
+// zero<runtime_stage>: the stage chosen at run time (train::training_options::zero_stage). The
+// stage changes which collectives the data-parallel runtime posts and what it keeps, not the
+// model's code, so one plan type serves all four: a binary that picks its plan from the command
+// line instantiates the model once instead of once per stage.
+inline constexpr int runtime_stage = -1;
+
 template <int Stage>
 struct zero {
-  static_assert(Stage >= 0 && Stage <= 3, "parallel::zero<Stage>: Stage must be 0, 1, 2 or 3");
+  static_assert(Stage == runtime_stage || (Stage >= 0 && Stage <= 3),
+                "parallel::zero<Stage>: Stage must be 0, 1, 2 or 3 (or runtime_stage)");
   static constexpr int stage = Stage;
 };
 
@@ -29,7 +36,9 @@ template <int Stage>
 struct strategy_traits<zero<Stage>> : style_traits_defaults {
   static constexpr strategy kind = strategy::data;
   static constexpr std::string_view name = "zero";
-  static std::string parameters() { return fmt::format("<{}>", Stage); }
+  static std::string parameters() {
+    return Stage == runtime_stage ? std::string("<runtime_stage>") : fmt::format("<{}>", Stage);
+  }
   static constexpr mesh_axis_set axes{mesh_axis::dp};
   static constexpr mesh_axis_set batch_split_axes{mesh_axis::dp};
   static constexpr mesh_axis_set partial_gradient_axes(const placement&) { return {mesh_axis::dp}; }

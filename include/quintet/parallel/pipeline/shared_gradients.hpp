@@ -75,4 +75,29 @@ void sum_shared_gradients(nn::parameter_registry<T, Device>& registry, Comm& pp,
     kernels::add(exec, summed[i]->grad, received[i], summed[i]->grad);
 }
 
+// After an update under ZeRO-1 or -2: the values of each parameter several stages hold sent from
+// the rank of its first stage to the other rank, so the copies stay the same bits. Each copy was
+// updated from its own dp reduction of the same summed gradient, and MPI's and NCCL's segmented
+// reductions may sum in an order that depends on where the parameter sits in its bucket (its two
+// ranks' buckets differ). Without ZeRO no copy is needed: both ranks add the same two dp-reduced
+// terms. Called by every rank of `pp`.
+template <class T, class Device, communicator Comm>
+void share_first_stage_values(nn::parameter_registry<T, Device>& registry, Comm& pp,
+                              const schedule& s) {
+  QUINTET_CHECK(s.ranks() == pp.size(),
+                "pipeline: schedule '{}' has {} ranks, the pp communicator {}", s.name, s.ranks(),
+                pp.size());
+  std::vector<p2p_op> ops;
+  for (auto& p : registry) {
+    if (p.placement.stages().size() < 2) continue;
+    const int peer = sharing_peer(p.placement, s, pp.rank(), p.name);
+    if (peer < 0) continue;
+    QUINTET_CHECK(p.value.is_contiguous(), "pipeline: the values of '{}' are not contiguous",
+                  p.name);
+    const bool first = s.rank_of(p.placement.stages().front()) == pp.rank();
+    ops.push_back(first ? p2p_op::send(p.value, peer) : p2p_op::recv(p.value, peer));
+  }
+  if (!ops.empty()) pp.exchange(ops);
+}
+
 }  // namespace quintet::parallel::pipeline
