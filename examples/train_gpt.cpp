@@ -634,13 +634,16 @@ void run_rank(const Source& source, const Source* held_out, const program_option
 // refused with --pp (ZeRO-3 gathers through the stages' access hooks, which the pipeline does not
 // drive yet).
 //
-//   --ep > 1    plan<dp<zero<0>>, tp<megatron_1d>, ep<top_k<runtime_k>>>   {.dp, .tp, .ep}
+//   --ep > 1    plan<dp<zero<runtime_stage>>, tp<megatron_1d>, ep<top_k<runtime_k>>
+//               [, pp<named_schedule>]>                                   {dp,tp,ep[,pp]}
 // One row for every --top-k: the style's K only checks the model's k (the router's k is a model
 // option and changes no code), so top_k<runtime_k> takes the model's at run time — one
-// instantiation rather than one per k. ep subdivides dp (--dp must be a multiple of --ep); under
-// --tp every expert's hidden units are split over tp as the dense MLP's are. --sp, --sp-style,
-// --pp and --zero 1-3 are refused with --ep. A MoE model without --ep runs in the pipeline rows
-// and in the rows without --sp-style, each rank holding every expert (under --tp, its slice).
+// instantiation rather than one per k; with --pp the same row with the pipeline last. ep
+// subdivides dp (--dp must be a multiple of --ep); under --tp every expert's hidden units are
+// split over tp as the dense MLP's are; under --pp the ep group is the dp ranks of one stage.
+// --sp and --sp-style are refused with experts. A MoE model without --ep runs in the pipeline
+// rows and in the rows without --sp-style, each rank holding every expert (under --tp, its
+// slice).
 template <class Plan>
 struct plan_type {
   using type = Plan;
@@ -669,16 +672,19 @@ void with_sequence_plan(const std::string& sp_style, Fn&& fn) {
 template <class Fn>
 void with_plan(const program_options& options, Fn&& fn) {
   namespace par = quintet::parallel;
-  // check_parallel_options has refused the combinations no row takes (--zero 3 with --pp).
+  // check_parallel_options has refused the combinations no row takes (--zero 3 with --pp,
+  // experts with --sp).
+  if (options.ep > 1) {
+    using data_parallel = par::dp<par::zero<par::runtime_stage>>;
+    using tensor_parallel = par::tp<par::megatron_1d>;
+    using experts = par::ep<par::top_k<par::runtime_k>>;
+    if (options.pp > 1)
+      return fn(plan_type<quintet::plan<data_parallel, tensor_parallel, experts,
+                                        par::pp<par::named_schedule>>>{});
+    return fn(plan_type<quintet::plan<data_parallel, tensor_parallel, experts>>{});
+  }
   if (options.pp > 1) {
     return with_sequence_plan<par::pp<par::named_schedule>>(options.sp_style, fn);
-  }
-  if (options.ep > 1) {
-    QUINTET_CHECK(options.zero == 0 && options.sp_style == "none",
-                  "--ep {} runs with --dp (ZeRO-0) and --tp: --zero {}, --sp-style {}", options.ep,
-                  options.zero, options.sp_style);
-    return fn(plan_type<quintet::plan<par::dp<par::zero<0>>, par::tp<par::megatron_1d>,
-                                      par::ep<par::top_k<par::runtime_k>>>>{});
   }
   return with_sequence_plan<>(options.sp_style, fn);
 }
@@ -757,10 +763,6 @@ void check_expert_options(const program_options& options) {
                 "split over sequence parallelism are not built yet (its experts split over --ep "
                 "and --tp)",
                 m.experts, options.sp, options.sp_style);
-  QUINTET_CHECK(options.ep == 1 || (options.pp == 1 && options.zero == 0),
-                "--ep {} with --pp {} --zero {}: expert parallelism composes with --dp (ZeRO-0) "
-                "only so far (MoE without --ep runs in pipelines and under ZeRO)",
-                options.ep, options.pp, options.zero);
   QUINTET_CHECK(options.sample_tokens == 0,
                 "--experts {}: samples need a dense model (nn::gpt_decoder has no MoE blocks yet); "
                 "give --sample-tokens 0",

@@ -13,6 +13,7 @@
 
 #include <quintet/comm/thread_comm.hpp>
 #include <quintet/parallel/data/zero.hpp>
+#include <quintet/parallel/expert/top_k.hpp>
 #include <quintet/parallel/pipeline/catalog.hpp>
 #include <quintet/parallel/sequence/megatron_sp.hpp>
 #include <quintet/parallel/sequence/ring.hpp>
@@ -45,6 +46,10 @@ using ulysses_pp_plan = quintet::plan<tensor_parallel, par::sp<par::ulysses>, pi
 // group collective), under ZeRO-1.
 using dp_ulysses_pp_plan =
     quintet::plan<par::dp<par::zero<1>>, tensor_parallel, par::sp<par::ulysses>, pipelined>;
+// Experts over ep inside the stages: the ep group is the dp ranks of one pp coordinate. The ZeRO
+// stage is given at run time (one instantiation for ZeRO-0 and ZeRO-1).
+using ep_pp_plan = quintet::plan<par::dp<par::zero<par::runtime_stage>>, tensor_parallel,
+                                 par::ep<par::top_k<par::runtime_k>>, pipelined>;
 using mesh_type = quintet::device_mesh<quintet::thread_comm>;
 
 // Four layers of 4 heads (divide over tp 2 and sp 2), 2p = 4 stages for the V map at p = 2.
@@ -71,10 +76,11 @@ const train::parity_tolerance exact{
 template <class Plan>
 void require_composed_parity(const std::string& schedule, quintet::mesh_degrees degrees,
                              const quintet::nn::gpt_config& model = composed_model,
-                             std::int64_t bucket_elements = 0) {
-  INFO("schedule " << schedule);
+                             std::int64_t bucket_elements = 0, int zero_stage = -1) {
+  INFO("schedule " << schedule << ", ZeRO stage " << zero_stage);
   auto options = composed_training(schedule);
   options.bucket_elements = bucket_elements;
+  options.zero_stage = zero_stage;
   const auto in_float = train::check_parity<float, Plan>(
       masked_source{}, model, options, degrees,
       train::parity_tolerance::for_adamw(options.lr, options.steps));
@@ -116,6 +122,35 @@ TEST_CASE("pp x tp trains like the serial GPT", "[parity][pipeline]") {
     moe.capacity_factor = 1.0;
     const auto with_drops = train::check_parity<double, tp_pp_plan>(
         masked_source{}, moe, composed_training("zb-v"), {.pp = 2, .tp = 2}, exact);
+    INFO(with_drops.summary());
+    REQUIRE(with_drops.uncovered.empty());
+    REQUIRE(with_drops.passed);
+  }
+}
+
+TEST_CASE("pp x ep trains like the serial GPT: the experts split over ep inside the stages",
+          "[parity][pipeline]") {
+  quintet::nn::gpt_config moe = composed_model;
+  moe.experts = 4;
+  moe.top_k = 2;
+  moe.moe_every = 2;
+  moe.capacity_factor = 0.0;
+  moe.aux_loss_coef = 0.1;
+  moe.z_loss_coef = 0.01;
+  for (const std::string schedule : {"1f1b", "zb-v"})
+    require_composed_parity<ep_pp_plan>(schedule, {.dp = 2, .pp = 2, .ep = 2}, moe, 0, 0);
+  SECTION("under ZeRO-1, buckets of 500 elements") {
+    require_composed_parity<ep_pp_plan>("1f1b", {.dp = 2, .pp = 2, .ep = 2}, moe, 500, 1);
+  }
+  SECTION("dp 2 x pp 2 x tp 2 with ep 2: each expert's hidden units split over tp too") {
+    require_composed_parity<ep_pp_plan>("1f1b", {.dp = 2, .pp = 2, .tp = 2, .ep = 2}, moe, 0, 0);
+  }
+  SECTION("with a capacity (drops), in double") {
+    moe.capacity_factor = 1.0;
+    auto options = composed_training("zb-v");
+    options.zero_stage = 0;
+    const auto with_drops = train::check_parity<double, ep_pp_plan>(
+        masked_source{}, moe, options, {.dp = 2, .pp = 2, .ep = 2}, exact);
     INFO(with_drops.summary());
     REQUIRE(with_drops.uncovered.empty());
     REQUIRE(with_drops.passed);

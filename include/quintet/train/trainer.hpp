@@ -195,9 +195,6 @@ class trainer {
   static constexpr bool is_data_parallel = Plan::template has<parallel::strategy::data>;
   static constexpr bool is_pipelined = Plan::template has<parallel::strategy::pipeline>;
   static constexpr bool is_expert_parallel = parallel::uses_expert_parallel<Plan>;
-  static_assert(!is_pipelined || !is_expert_parallel,
-                "train::trainer: pp<...> with ep<...> is not supported yet (a MoE model trains "
-                "under pp with its experts on every rank, or split over tp)");
   template <class Style>
   static constexpr int zero_stage_of = [] {
     if constexpr (requires { Style::stage; }) {
