@@ -127,6 +127,13 @@ struct alignas(64) posted_send {
   dtype receiver_type = dtype::f32;
 };
 
+// A waker's look at a sleeper count, after it published what the sleepers wait for: a
+// read-modify-write (adding nothing), so that it and a sleeper's increment are ordered one way or
+// the other — the sleeper then sees the publication, or the waker sees the sleeper.
+inline int count_sleepers(std::atomic<int>& sleepers) {
+  return sleepers.fetch_add(0, std::memory_order_acq_rel);
+}
+
 struct alignas(64) thread_mailbox {
   std::mutex mutex;
   std::condition_variable changed;  // a send arrived, or one of this rank's sends completed
@@ -139,7 +146,7 @@ struct alignas(64) thread_mailbox {
   // Wakes the owner if it sleeps. The caller has published what it waits for; the empty critical
   // section orders that before a sleeper's check under the lock.
   void wake() {
-    if (sleepers.load(std::memory_order_seq_cst) == 0) return;
+    if (count_sleepers(sleepers) == 0) return;
     { const std::lock_guard lock(mutex); }
     changed.notify_all();
   }
@@ -257,10 +264,9 @@ inline void wait_until(thread_world_state& world, std::mutex& mutex, std::condit
                        OnTimeout on_timeout) {
   if (spin_until(world, style, ready)) return;
   const auto deadline = std::chrono::steady_clock::now() + world.timeout;
-  if (sleepers != nullptr) sleepers->fetch_add(1, std::memory_order_seq_cst);
-  // Orders the count before the predicate's loads: a waker that stored what we wait for and then
-  // read no sleeper has its store seen below (the predicate's loads are acquire, not seq_cst).
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  // A read-modify-write, as the wakers' look at the count is (count_sleepers): if a waker's
+  // comes first, this one reads what it wrote and so sees what the waker stored before it.
+  if (sleepers != nullptr) sleepers->fetch_add(1, std::memory_order_acq_rel);
   struct leave {
     std::atomic<int>* count;
     ~leave() {
@@ -748,7 +754,7 @@ class thread_comm : public communicator_api<thread_comm, host> {
       group.arrived.store(0, std::memory_order_relaxed);
       group.next_chunk.store(0, std::memory_order_relaxed);
       group.generation.store(generation + 1, std::memory_order_seq_cst);
-      if (group.sleepers.load(std::memory_order_seq_cst) > 0) {
+      if (detail::count_sleepers(group.sleepers) > 0) {
         { const std::lock_guard lock(group.mutex); }
         group.released.notify_all();
       }
