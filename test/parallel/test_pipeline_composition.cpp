@@ -56,6 +56,19 @@ using mesh_type = quintet::device_mesh<quintet::thread_comm>;
 const quintet::nn::gpt_config composed_model{
     .vocab = 10, .max_seq = 8, .layers = 4, .d_model = 16, .heads = 4, .mlp_hidden = 32};
 
+// The composed model with 4 experts, top-2, in every other block, dropless, with both auxiliary
+// losses weighted enough to matter in 5 steps.
+quintet::nn::gpt_config composed_moe_model() {
+  quintet::nn::gpt_config moe = composed_model;
+  moe.experts = 4;
+  moe.top_k = 2;
+  moe.moe_every = 2;
+  moe.capacity_factor = 0.0;
+  moe.aux_loss_coef = 0.1;
+  moe.z_loss_coef = 0.01;
+  return moe;
+}
+
 // The parity setup's run (5 AdamW steps at lr 1e-3), a global batch of 8 in 4 micro-batches.
 train::training_options composed_training(const std::string& schedule) {
   train::training_options options = training;
@@ -111,13 +124,7 @@ TEST_CASE("pp x tp trains like the serial GPT", "[parity][pipeline]") {
     // Dropless in float: with a capacity, fp32 rounding flipped which token an expert dropped at
     // step 4 (the loss then 5e-5 off), a discontinuity of routing, not of the plan; with drops the
     // double run is held to 1e-12 (measured 1e-15).
-    quintet::nn::gpt_config moe = composed_model;
-    moe.experts = 4;
-    moe.top_k = 2;
-    moe.moe_every = 2;
-    moe.capacity_factor = 0.0;
-    moe.aux_loss_coef = 0.1;
-    moe.z_loss_coef = 0.01;
+    quintet::nn::gpt_config moe = composed_moe_model();
     require_composed_parity<tp_pp_plan>("zb-v", {.pp = 2, .tp = 2}, moe);
     moe.capacity_factor = 1.0;
     const auto with_drops = train::check_parity<double, tp_pp_plan>(
@@ -130,13 +137,7 @@ TEST_CASE("pp x tp trains like the serial GPT", "[parity][pipeline]") {
 
 TEST_CASE("pp x ep trains like the serial GPT: the experts split over ep inside the stages",
           "[parity][pipeline]") {
-  quintet::nn::gpt_config moe = composed_model;
-  moe.experts = 4;
-  moe.top_k = 2;
-  moe.moe_every = 2;
-  moe.capacity_factor = 0.0;
-  moe.aux_loss_coef = 0.1;
-  moe.z_loss_coef = 0.01;
+  quintet::nn::gpt_config moe = composed_moe_model();
   for (const std::string schedule : {"1f1b", "zb-v"})
     require_composed_parity<ep_pp_plan>(schedule, {.dp = 2, .pp = 2, .ep = 2}, moe, 0, 0);
   SECTION("under ZeRO-1, buckets of 500 elements") {
