@@ -227,6 +227,8 @@ TEST_CASE("a ZeRO stage given at run time trains as the fixed one, and bad stage
         losses.operator()<zero2_pp_plan>(at_stage(2)));
   CHECK_THROWS_WITH(losses.operator()<runtime_pp_plan>(options),
                     Catch::Contains("takes its ZeRO stage at run time"));
+  CHECK_THROWS_WITH(losses.operator()<runtime_pp_plan>(at_stage(4)),
+                    Catch::Contains("ZeRO stage 4 is not one of 0, 1, 2, 3"));
   CHECK_THROWS_WITH(losses.operator()<runtime_pp_plan>(at_stage(3)),
                     Catch::Contains("ZeRO-3 with pipeline parallelism is not supported yet"));
   CHECK_THROWS_WITH(losses.operator()<zero2_pp_plan>(at_stage(1)),
