@@ -3,10 +3,12 @@
 #include <catch2/catch.hpp>
 
 #include <quintet/core/philox.hpp>
+#include <quintet/core/philox_avx2.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -123,3 +125,87 @@ TEST_CASE("the portable log, cosine and sine agree with the C library to double 
   CHECK(quintet::detail::cos_sin_two_pi(0.5).cos == -1.0);
   CHECK(quintet::detail::cos_sin_two_pi(0.75).sin == -1.0);
 }
+
+#if QUINTET_PHILOX_AVX2
+namespace {
+
+// Four blocks' Philox and Box-Muller in AVX2 lanes, stored per lane.
+struct lane_results {
+  philox_block blocks[4];
+  double even[4], odd[4];
+};
+
+[[gnu::target("avx2,fma")]] lane_results random_blocks_in_lanes(rng_key key, std::uint64_t first) {
+  const quintet::detail::philox_words_x4 words = quintet::detail::random_blocks_x4(key, first);
+  lane_results out{};
+  for (int w = 0; w < 4; ++w) {
+    alignas(32) std::uint64_t lanes[4];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), words.word[w]);
+    for (int lane = 0; lane < 4; ++lane)
+      out.blocks[lane].word[w] = static_cast<std::uint32_t>(lanes[lane]);
+  }
+  return out;
+}
+
+[[gnu::target("avx2,fma")]] lane_results box_muller_in_lanes(const philox_block (&blocks)[4]) {
+  quintet::detail::philox_words_x4 words{};
+  for (int w = 0; w < 4; ++w)
+    words.word[w] = _mm256_setr_epi64x(blocks[0].word[w], blocks[1].word[w], blocks[2].word[w],
+                                       blocks[3].word[w]);
+  const quintet::detail::normal_pairs_x4 pairs = quintet::detail::box_muller_x4(words);
+  lane_results out{};
+  _mm256_storeu_pd(out.even, pairs.even);
+  _mm256_storeu_pd(out.odd, pairs.odd);
+  return out;
+}
+
+bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+}  // namespace
+
+TEST_CASE("Philox and Box-Muller in AVX2 lanes give the scalar bits", "[core][philox]") {
+  if (!quintet::detail::cpu_has_avx2_fma()) {
+    WARN("this CPU has no AVX2 with FMA: the lanes are not used, nothing to compare");
+    return;
+  }
+  // Blocks across a 32-bit carry of the block number and a stream with both halves set.
+  const rng_key key{.seed = 0x0123456789abcdefull, .stream = 0xfedcba9876543210ull};
+  for (const std::uint64_t first : {std::uint64_t{0}, std::uint64_t{0xfffffffe}, std::uint64_t{77}}) {
+    const lane_results lanes = random_blocks_in_lanes(key, first);
+    for (int lane = 0; lane < 4; ++lane) {
+      const philox_block expected = quintet::random_block(key, first + lane);
+      for (int w = 0; w < 4; ++w) CHECK(lanes.blocks[lane].word[w] == expected.word[w]);
+    }
+  }
+  // Box-Muller on chosen bits: the radius uniform at its ends (2^-53, 1) and on both sides of the
+  // log's sqrt(1/2) switch; the angle uniform at each octant boundary k/8 and one step either
+  // side (below 0 wraps to just below 1); then random blocks.
+  std::vector<philox_block> blocks;
+  const std::uint32_t radius_words[][2] = {
+      {0, 0}, {0xffffffffu, 0xffffffffu}, {0xb504f333u, 0xf9de6484u}, {0xb504f334u, 0}, {1, 0}};
+  for (std::uint32_t k = 0; k < 8; ++k) {
+    const std::uint32_t at = k << 29;
+    const std::uint32_t angle_words[][2] = {{at, 0}, {at, 1u << 11}, {at - 1, 0xffffffffu}};
+    for (const auto& angle : angle_words) {
+      for (const auto& radius : radius_words)
+        blocks.push_back({{radius[0], radius[1], angle[0], angle[1]}});
+    }
+  }
+  std::mt19937 generator(5);
+  std::uniform_int_distribution<std::uint32_t> word;
+  for (int i = 0; i < 400; ++i)
+    blocks.push_back({{word(generator), word(generator), word(generator), word(generator)}});
+  while (blocks.size() % 4 != 0) blocks.push_back(blocks.front());
+  for (std::size_t i = 0; i < blocks.size(); i += 4) {
+    const philox_block group[4] = {blocks[i], blocks[i + 1], blocks[i + 2], blocks[i + 3]};
+    const lane_results lanes = box_muller_in_lanes(group);
+    for (int lane = 0; lane < 4; ++lane) {
+      const quintet::detail::normal_pair expected = quintet::detail::box_muller(group[lane]);
+      INFO("block " << i + lane << " words " << group[lane].word[0] << " " << group[lane].word[1]
+                    << " " << group[lane].word[2] << " " << group[lane].word[3]);
+      CHECK(same_bits(lanes.even[lane], expected.even));
+      CHECK(same_bits(lanes.odd[lane], expected.odd));
+    }
+  }
+}
+#endif

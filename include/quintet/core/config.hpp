@@ -17,7 +17,7 @@
 #endif
 
 // Inlined into every caller whatever the optimiser's budget: the random-number math, so that a
-// caller compiled for a wider instruction set (detail::normal_run_fma) runs all of it with that
+// caller compiled for a wider instruction set (detail::normal_run_avx2) runs all of it with that
 // set instead of calling the generic copy.
 #if defined(__CUDACC__)
 #define QUINTET_FORCE_INLINE __forceinline__

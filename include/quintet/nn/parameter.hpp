@@ -284,8 +284,13 @@ class parameter_registry {
         total = split_evenly(total, keys[b]);
         bucket.values = quintet::tensor<T, Device>(shape{total});
         bucket.grads = quintet::tensor<T, Device>(shape{total});
-        fill(bucket.values, T(0));
-        fill(bucket.grads, T(0));
+        // Each element written once: the parameters' values and gradients copied, the padding
+        // after each (and the bucket's tail) zeroed.
+        const auto zero_padding = [&](std::int64_t begin, std::int64_t end) {
+          if (begin == end) return;
+          fill(slice(bucket.values, 0, begin, end), T(0));
+          fill(slice(bucket.grads, 0, begin, end), T(0));
+        };
         for (std::size_t i = 0; i < bucket.parameters.size(); ++i) {
           parameter<T, Device>& p = *bucket.parameters[i];
           const shape local = p.value.shape();
@@ -296,6 +301,7 @@ class parameter_registry {
           copy(grad, p.grad);
           p.value = value;
           p.grad = grad;
+          zero_padding(begin + n, i + 1 < bucket.parameters.size() ? bucket.offsets[i + 1] : total);
         }
       }
     }

@@ -13,6 +13,7 @@
 #include <quintet/core/error.hpp>
 #include <quintet/core/half.hpp>
 #include <quintet/core/philox.hpp>
+#include <quintet/core/philox_avx2.hpp>
 #include <quintet/tensor/device_memory.hpp>
 #include <quintet/tensor/layout.hpp>
 #include <quintet/tensor/region.hpp>
@@ -96,28 +97,50 @@ QUINTET_FORCE_INLINE void normal_run_portable(T* out, std::int64_t step, rng_key
   }
 }
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__CUDACC__)
-// The same code compiled for AVX2 with FMA, chosen at run time where the CPU has them (a generic
-// build otherwise calls the C library for each of the ~30 fused multiply-adds of a pair: 2.5x
-// slower). Only correctly rounded operations are used, so both give the same bits.
+#if QUINTET_PHILOX_AVX2
+// The same run with AVX2 and FMA, chosen at run time where the CPU has them: four Box-Muller
+// pairs at a time in vector lanes (box_muller_x4), the ends through the scalar code, which this
+// target also runs with hardware FMA (a generic build calls the C library for each of a pair's
+// ~30 fused multiply-adds). Lanes and scalar code give the same bits.
 template <class T>
-[[gnu::target("avx2,fma")]] void normal_run_fma(T* out, std::int64_t step, rng_key key,
-                                                normal_distribution dist, std::uint64_t first,
-                                                std::int64_t count) {
-  normal_run_portable(out, step, key, dist, first, count);
-}
-
-inline bool cpu_has_fma() {
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return has;
+[[gnu::target("avx2,fma")]] void normal_run_avx2(T* out, std::int64_t step, rng_key key,
+                                                 normal_distribution dist, std::uint64_t first,
+                                                 std::int64_t count) {
+  const std::uint64_t end = first + static_cast<std::uint64_t>(count);
+  std::uint64_t index = first;
+  if (index % 2 == 1 && index < end) {  // the second element of a pair: start on a whole pair
+    normal_run_portable(out, step, key, dist, index, 1);
+    out += step;
+    ++index;
+  }
+  constexpr std::uint64_t per_group = 8;  // four blocks, two elements each
+  const __m256d stddev = _mm256_set1_pd(dist.stddev), mean = _mm256_set1_pd(dist.mean);
+  for (; end - index >= per_group; index += per_group) {
+    const normal_pairs_x4 pairs = box_muller_x4(random_blocks_x4(key, index / 2));
+    alignas(32) double even[4], odd[4];
+    _mm256_store_pd(even, _mm256_fmadd_pd(stddev, pairs.even, mean));
+    _mm256_store_pd(odd, _mm256_fmadd_pd(stddev, pairs.odd, mean));
+    for (int lane = 0; lane < 4; ++lane) {
+      // normal_value's conversion of the scaled value.
+      if constexpr (std::is_same_v<T, double>) {
+        out[0] = even[lane];
+        out[step] = odd[lane];
+      } else {
+        out[0] = T(static_cast<float>(even[lane]));
+        out[step] = T(static_cast<float>(odd[lane]));
+      }
+      out += 2 * step;
+    }
+  }
+  normal_run_portable(out, step, key, dist, index, static_cast<std::int64_t>(end - index));
 }
 #endif
 
 template <class T>
 void normal_run(T* out, std::int64_t step, rng_key key, normal_distribution dist,
                 std::uint64_t first, std::int64_t count) {
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__CUDACC__)
-  if (cpu_has_fma()) return normal_run_fma(out, step, key, dist, first, count);
+#if QUINTET_PHILOX_AVX2
+  if (cpu_has_avx2_fma()) return normal_run_avx2(out, step, key, dist, first, count);
 #endif
   normal_run_portable(out, step, key, dist, first, count);
 }
