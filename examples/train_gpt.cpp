@@ -32,6 +32,7 @@
 //             --sample-every 400 --plot gpl3.svg      # one line
 #include <quintet/checkpoint/plain_export.hpp>
 #include <quintet/comm/thread_comm.hpp>
+#include <quintet/core/bf16.hpp>
 #include <quintet/data/byte_corpus.hpp>
 #include <quintet/data/markov_source.hpp>
 #include <quintet/mesh/device_mesh.hpp>
@@ -99,6 +100,7 @@ struct program_options {
   std::string pp_layers;          // layers per (virtual) stage, "3,3,2"; empty: balanced
   std::string trace_path;         // --pp: the last step's measured timeline (Perfetto JSON)
   std::string sp_style = "none";  // none, megatron (on the tp group), ulysses, ring
+  std::string dtype = "f32";      // f32, or bf16: mixed precision with fp32 master weights
   bool mpi = false;               // the ranks are mpirun's processes
   bool check_parity = false;      // compare the plan with the serial model instead of training
   std::int64_t parity_steps = 5;
@@ -233,6 +235,7 @@ void write_report(const std::string& path, const program_options& options,
       .member("weight_decay", t.weight_decay)
       .member("clip_norm", t.clip_norm)
       .member("seed", static_cast<std::int64_t>(t.seed))
+      .member("dtype", options.dtype)
       .end_object();
   json.key("data").begin_object();
   if (options.data_path.empty()) {
@@ -366,11 +369,12 @@ std::int64_t allowed_transitions(const quintet::markov_source& source,
 
 // One rank's training run; rank 0 (`printer`) prints and writes the report and the plot. Every
 // rank evaluates and samples (under a plan the forward communicates), with the same results.
-template <class Plan, class Mesh, class Source>
+// T is the model's arithmetic: float, or bf16 with fp32 master weights (--dtype bf16).
+template <class T, class Plan, class Mesh, class Source>
 void run_rank(const Source& source, const Source* held_out, const program_options& options,
               const quintet::execution<quintet::host>& exec, Mesh* mesh, bool printer) {
-  quintet::train::trainer<float, Source, Plan, Mesh> trainer(source, options.model,
-                                                             options.training, exec, mesh);
+  quintet::train::trainer<T, Source, Plan, Mesh> trainer(source, options.model, options.training,
+                                                         exec, mesh);
   const std::optional<double> floor = source.entropy_floor(options.training.seq);
   const auto& t = options.training;
   run_record run;
@@ -458,6 +462,11 @@ void run_rank(const Source& source, const Source* held_out, const program_option
           options.pp, plan.name, plan.stages(), plan.stages() / options.pp,
           quintet::nn::to_string(pipeline.layers()), plan.micro_batches);
     }
+    if constexpr (!std::is_same_v<T, float>)
+      fmt::print(
+          "  {} mixed precision: the model computes in {}; fp32 master weights, gradients and "
+          "AdamW moments\n",
+          options.dtype, options.dtype);
     if (floor) fmt::print("  entropy floor of the source: {:.4f} nats/token\n", *floor);
     fmt::print("  data: {}\n", source.description());
     if (evaluating)
@@ -482,15 +491,14 @@ void run_rank(const Source& source, const Source* held_out, const program_option
   // Generation reads the trained parameters by name; under a plan every rank runs it alike. A
   // pipeline's rank holds some layers only: no decoder (check_parallel_options turns sampling off).
   constexpr bool pipelined = Plan::template has<quintet::parallel::strategy::pipeline>;
-  using decoder_type =
-      std::conditional_t<pipelined, std::monostate,
-                         quintet::nn::gpt_decoder<float, quintet::host, Plan, Mesh>>;
+  using decoder_type = std::conditional_t<pipelined, std::monostate,
+                                          quintet::nn::gpt_decoder<T, quintet::host, Plan, Mesh>>;
   std::optional<decoder_type> decoder;
   std::vector<std::int32_t> prompt;
   if constexpr (!pipelined) {
     if (sampling) {
       const auto whole = trainer.whole_parameters();  // ZeRO-3: shards only between steps
-      decoder.emplace(trainer.parameters(), exec, trainer.model_config(), mesh);
+      decoder.emplace(trainer.model_parameters(), exec, trainer.model_config(), mesh);
       prompt = sample_prompt(held_out != nullptr ? *held_out : source, options);
     }
   } else {
@@ -689,6 +697,12 @@ void with_plan(const program_options& options, Fn&& fn) {
   return with_sequence_plan<>(options.sp_style, fn);
 }
 
+// The one parallel row --dtype bf16 is built for (more rows, more compile time): mixed precision
+// composes with dp (ZeRO-0, 1, 2) and tp here; the trainer refuses pipelines and experts with it.
+using bf16_plan =
+    quintet::plan<quintet::parallel::dp<quintet::parallel::zero<quintet::parallel::runtime_stage>>,
+                  quintet::parallel::tp<quintet::parallel::megatron_1d>>;
+
 // The mesh of the run's degrees.
 quintet::mesh_degrees degrees_of(const program_options& options) {
   return {.dp = options.dp, .pp = options.pp, .tp = options.tp, .sp = options.sp, .ep = options.ep};
@@ -711,7 +725,15 @@ void run_parallel_rank(const Source& source, const Source* held_out, program_opt
   using mesh_type = quintet::device_mesh<Comm>;
   mesh_type mesh(world, degrees_of(options));
   with_plan(options, [&]<class Plan>(plan_type<Plan>) {
-    run_rank<Plan>(source, held_out, options, exec, &mesh, world.rank() == 0);
+    if (options.dtype == "bf16") {
+      // bf16 is built for the row without a sequence style (dp x tp): check_parallel_options has
+      // refused the others.
+      if constexpr (std::is_same_v<Plan, bf16_plan>)
+        return run_rank<quintet::bf16, Plan>(source, held_out, options, exec, &mesh,
+                                             world.rank() == 0);
+      QUINTET_FAIL("--dtype bf16 runs without --sp-style, --pp and --ep");
+    }
+    run_rank<float, Plan>(source, held_out, options, exec, &mesh, world.rank() == 0);
   });
 }
 
@@ -805,6 +827,19 @@ void check_parallel_options(const program_options& options) {
                                              options.ep)
                                : std::string());
   check_expert_options(options);
+  if (options.dtype == "bf16") {
+    QUINTET_CHECK(options.pp == 1 && options.ep == 1 && options.sp_style == "none",
+                  "--dtype bf16 composes with --dp and --tp; with --pp, --ep or --sp-style it is "
+                  "not supported yet (given --pp {} --ep {} --sp-style {})",
+                  options.pp, options.ep, options.sp_style);
+    QUINTET_CHECK(options.zero <= 2,
+                  "--dtype bf16 with --zero {}: mixed precision composes with ZeRO-0, 1 and 2 "
+                  "(ZeRO-3 would gather the bf16 model from fp32 master shards: not built yet)",
+                  options.zero);
+    QUINTET_CHECK(!options.check_parity,
+                  "--check-parity compares fp32 runs; bf16's parity with its serial run is tested "
+                  "in test_mixed_precision.cpp");
+  }
   if (options.pp > 1) {
     QUINTET_CHECK(options.zero <= 2,
                   "--pp {} with --zero {}: pipeline parallelism composes with ZeRO-0, 1 and 2 "
@@ -892,8 +927,13 @@ int train(const Source& source, const Source* held_out, program_options options)
 #endif
   set_peak(options, exec);
   if (options.world == 1 && options.sp_style == "none") {
-    run_rank<quintet::serial_plan, quintet::parallel::no_mesh>(source, held_out, options, exec,
-                                                               nullptr, true);
+    if (options.dtype == "bf16") {
+      run_rank<quintet::bf16, quintet::serial_plan, quintet::parallel::no_mesh>(
+          source, held_out, options, exec, nullptr, true);
+    } else {
+      run_rank<float, quintet::serial_plan, quintet::parallel::no_mesh>(source, held_out, options,
+                                                                        exec, nullptr, true);
+    }
     return 0;
   }
   quintet::thread_world{options.world}.run(
@@ -990,6 +1030,11 @@ int main(int argc, char** argv) {
                  "(all-to-all over heads) or ring (ring attention, zig-zag)")
       ->capture_default_str()
       ->check(CLI::IsMember({"none", "megatron", "ulysses", "ring"}));
+  app.add_option("--dtype", options.dtype,
+                 "arithmetic: f32, or bf16 (mixed precision: the model in bf16, fp32 master "
+                 "weights, gradients and AdamW moments; serial or --dp/--tp, ZeRO-0 to 2)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16"}));
   app.add_option("--threads", options.threads,
                  "host threads per rank for the matrix products (0: every core when serial, "
                  "1 per rank when parallel)")

@@ -170,7 +170,8 @@ TEST_CASE("Philox and Box-Muller in AVX2 lanes give the scalar bits", "[core][ph
   }
   // Blocks across a 32-bit carry of the block number and a stream with both halves set.
   const rng_key key{.seed = 0x0123456789abcdefull, .stream = 0xfedcba9876543210ull};
-  for (const std::uint64_t first : {std::uint64_t{0}, std::uint64_t{0xfffffffe}, std::uint64_t{77}}) {
+  for (const std::uint64_t first :
+       {std::uint64_t{0}, std::uint64_t{0xfffffffe}, std::uint64_t{77}}) {
     const lane_results lanes = random_blocks_in_lanes(key, first);
     for (int lane = 0; lane < 4; ++lane) {
       const philox_block expected = quintet::random_block(key, first + lane);

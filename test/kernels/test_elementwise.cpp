@@ -142,6 +142,33 @@ TEST_CASE("convert widens exactly and narrows to the nearest 16-bit value",
   REQUIRE_THROWS_WITH(k::convert(exec, x, wrong), Catch::Contains("convert"));
 }
 
+TEST_CASE("accumulate adds a narrower tensor into a wider sum, rounding once",
+          "[kernels][elementwise]") {
+  const execution<host> exec;
+  // bf16 into float (mixed precision's gradients), over a length with a partial lane block.
+  const auto addend = random_tensor<quintet::bf16>(shape{7, 37}, 21);
+  auto sum = random_tensor<float>(shape{7, 37}, 22);
+  const auto before = to_double(sum);
+  const auto bd = to_double(addend);
+  k::accumulate(exec, addend, sum);
+  for (std::int64_t i = 0; i < sum.numel(); ++i) {
+    INFO(i);
+    const auto j = static_cast<std::size_t>(i);
+    // Both terms are floats, so the double sum is exact and its rounding to float is the kernel's.
+    REQUIRE(sum.data()[i] == static_cast<float>(before[j] + bd[j]));
+  }
+  // float into double: exact in double.
+  const auto narrow = random_tensor<float>(shape{33}, 23);
+  auto wide = random_tensor<double>(shape{33}, 24);
+  auto want = to_double(wide);
+  const auto nd = to_double(narrow);
+  for (std::size_t i = 0; i < want.size(); ++i) want[i] += nd[i];
+  k::accumulate(exec, narrow, wide);
+  require_close(wide, want, 0.0, 0.0, "float into double");
+  tensor<float, host> wrong(shape{7, 36});
+  REQUIRE_THROWS_WITH(k::accumulate(exec, addend, wrong), Catch::Contains("accumulate"));
+}
+
 TEST_CASE("elementwise kernels reject mismatched shapes", "[kernels][elementwise][errors]") {
   const execution<host> exec;
   tensor<float, host> x(shape{4, 6}), bias(shape{5}), y(shape{4, 5});

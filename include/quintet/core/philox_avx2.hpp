@@ -60,10 +60,10 @@ QUINTET_AVX2_INLINE philox_words_x4 random_blocks_x4(rng_key key, std::uint64_t 
     // _mm256_mul_epu32 multiplies the low 32 bits of each 64-bit lane into a 64-bit product.
     const __m256i product0 = _mm256_mul_epu32(multiplier0, c0);
     const __m256i product1 = _mm256_mul_epu32(multiplier1, c2);
-    const __m256i next0 = _mm256_xor_si256(
-        _mm256_xor_si256(_mm256_srli_epi64(product1, 32), c1), _mm256_set1_epi64x(key0));
-    const __m256i next2 = _mm256_xor_si256(
-        _mm256_xor_si256(_mm256_srli_epi64(product0, 32), c3), _mm256_set1_epi64x(key1));
+    const __m256i next0 = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(product1, 32), c1),
+                                           _mm256_set1_epi64x(key0));
+    const __m256i next2 = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(product0, 32), c3),
+                                           _mm256_set1_epi64x(key1));
     c1 = low_words(product1);
     c3 = low_words(product0);
     c0 = next0;
@@ -96,11 +96,12 @@ QUINTET_AVX2_INLINE __m256d fma_x4(__m256d a, __m256d b, double c) {
 // log_unit_interval lane by lane.
 QUINTET_AVX2_INLINE __m256d log_unit_interval_x4(__m256d u) {
   const __m256i bits = _mm256_castpd_si256(u);
-  const __m256i exponent_field = _mm256_and_si256(_mm256_srli_epi64(bits, 52), _mm256_set1_epi64x(0x7ff));
+  const __m256i exponent_field =
+      _mm256_and_si256(_mm256_srli_epi64(bits, 52), _mm256_set1_epi64x(0x7ff));
   const __m256i two52_bits = _mm256_set1_epi64x(0x4330000000000000ll);
-  __m256d exponent = _mm256_sub_pd(
-      _mm256_castsi256_pd(_mm256_or_si256(exponent_field, two52_bits)),
-      _mm256_set1_pd(0x1.0p52 + 1022.0));  // the field minus 1022, exact
+  __m256d exponent =
+      _mm256_sub_pd(_mm256_castsi256_pd(_mm256_or_si256(exponent_field, two52_bits)),
+                    _mm256_set1_pd(0x1.0p52 + 1022.0));  // the field minus 1022, exact
   __m256d m = _mm256_castsi256_pd(
       _mm256_or_si256(_mm256_and_si256(bits, _mm256_set1_epi64x(0x000fffffffffffffll)),
                       _mm256_set1_epi64x(0x3fe0000000000000ll)));
@@ -172,14 +173,14 @@ struct normal_pairs_x4 {
 
 QUINTET_AVX2_INLINE normal_pairs_x4 box_muller_x4(const philox_words_x4& bits) {
   const __m256d two_minus53 = _mm256_set1_pd(0x1.0p-53);
-  const __m256d radius_uniform = _mm256_mul_pd(
-      exact_double_of(_mm256_add_epi64(top_53_bits(bits.word[0], bits.word[1]),
-                                       _mm256_set1_epi64x(1))),
-      two_minus53);
+  const __m256d radius_uniform =
+      _mm256_mul_pd(exact_double_of(_mm256_add_epi64(top_53_bits(bits.word[0], bits.word[1]),
+                                                     _mm256_set1_epi64x(1))),
+                    two_minus53);
   const __m256d angle_uniform =
       _mm256_mul_pd(exact_double_of(top_53_bits(bits.word[2], bits.word[3])), two_minus53);
-  const __m256d radius = _mm256_sqrt_pd(
-      _mm256_mul_pd(_mm256_set1_pd(-2.0), log_unit_interval_x4(radius_uniform)));
+  const __m256d radius =
+      _mm256_sqrt_pd(_mm256_mul_pd(_mm256_set1_pd(-2.0), log_unit_interval_x4(radius_uniform)));
 
   // cos_sin_two_pi: the quadrant and the angle within it exactly, the complement past the octant.
   const __m256d quarters = _mm256_mul_pd(_mm256_set1_pd(4.0), angle_uniform);

@@ -1,6 +1,6 @@
 // Elementwise kernels a transformer layer needs around its matrix products: bias add and the bias
 // gradient, GELU (tanh form) forward and backward, residual add, scale, and convert between
-// floating types. All operands contiguous.
+// floating types, and accumulate a narrower tensor into a wider sum. All operands contiguous.
 // Parameter gradients (bias_grad) accumulate into their tensor; activation gradients overwrite.
 #pragma once
 
@@ -13,6 +13,7 @@
 #include <quintet/tensor/device.hpp>
 
 #include <concepts>
+#include <type_traits>
 
 namespace quintet::kernels {
 
@@ -21,7 +22,8 @@ template <class Device>
 struct elementwise_engine {
   static_assert(
       quintet::detail::always_false<Device>,
-      "bias_add, bias_grad, gelu_forward, gelu_backward, add, scale and convert have only "
+      "bias_add, bias_grad, gelu_forward, gelu_backward, add, scale, convert and accumulate "
+      "have only "
       "a host implementation: their CUDA twins are not written yet");
 };
 
@@ -57,6 +59,10 @@ struct elementwise_engine<host> {
   template <class From, class To>
   static void convert(const execution<host>&, const From* in, To* out, std::int64_t count) {
     host_impl::convert(in, out, count);
+  }
+  template <class From, class To>
+  static void accumulate(const execution<host>&, const From* from, To* into, std::int64_t count) {
+    host_impl::accumulate(from, into, count);
   }
 };
 
@@ -159,6 +165,28 @@ void convert(const execution<Device>& exec, const In& in, Out&& out) {
   check_same_shape(iv, ov, "convert");
   check_same_device(iv, ov, "convert");
   elementwise_engine<Device>::convert(exec, iv.data(), ov.data(), iv.numel());
+}
+
+// into += from, element by element: from (any floating type) widened exactly to into's type,
+// which must be float or double and at least as wide (mixed precision's gradient accumulation: a
+// bf16 micro-batch gradient into an fp32 sum). Each sum rounds once, in into's type.
+template <device_tag Device, class From, class Into>
+void accumulate(const execution<Device>& exec, const From& from, Into&& into) {
+  const auto fv = input_view(from);
+  const auto iv = output_view(into);
+  detail::check_operand_types<Device, decltype(fv)>();
+  detail::check_operand_types<Device, decltype(iv)>();
+  using from_type = std::remove_const_t<typename decltype(fv)::value_type>;
+  using into_type = typename decltype(iv)::value_type;
+  static_assert(std::same_as<into_type, float> || std::same_as<into_type, double>,
+                "accumulate: the sum must be float or double");
+  static_assert(sizeof(from_type) <= sizeof(into_type),
+                "accumulate: the addend must not be wider than the sum (it is widened exactly)");
+  require_contiguous(fv, "accumulate", "from");
+  require_contiguous(iv, "accumulate", "into");
+  check_same_shape(fv, iv, "accumulate");
+  check_same_device(fv, iv, "accumulate");
+  elementwise_engine<Device>::accumulate(exec, fv.data(), iv.data(), fv.numel());
 }
 
 }  // namespace quintet::kernels

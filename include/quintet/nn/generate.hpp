@@ -21,6 +21,7 @@
 
 #include <quintet/core/error.hpp>
 #include <quintet/core/philox.hpp>
+#include <quintet/kernels/accumulator.hpp>
 #include <quintet/tensor/copy.hpp>
 #include <quintet/tensor/device.hpp>
 #include <quintet/tensor/slice.hpp>
@@ -62,14 +63,15 @@ std::int32_t choose_token(std::span<const T> logits, const sampling_options& opt
                           std::uint64_t draw) {
   options.validate();
   QUINTET_CHECK(!logits.empty(), "sampling: no logits to choose from");
+  // Widened exactly (16-bit logits through float).
+  const auto logit = [&](std::size_t i) { return static_cast<double>(kernels::widen(logits[i])); };
   for (std::size_t i = 0; i < logits.size(); ++i)
-    QUINTET_CHECK(std::isfinite(static_cast<double>(logits[i])),
-                  "sampling: logit {} of token {} is not a number", static_cast<double>(logits[i]),
-                  i);
+    QUINTET_CHECK(std::isfinite(logit(i)), "sampling: logit {} of token {} is not a number",
+                  logit(i), i);
   std::vector<std::int32_t> order(logits.size());
   std::iota(order.begin(), order.end(), 0);
   const auto more_likely = [&](std::int32_t a, std::int32_t b) {
-    const double la = static_cast<double>(logits[a]), lb = static_cast<double>(logits[b]);
+    const double la = logit(static_cast<std::size_t>(a)), lb = logit(static_cast<std::size_t>(b));
     return la > lb || (la == lb && a < b);
   };
   if (options.greedy()) return *std::min_element(order.begin(), order.end(), more_likely);
@@ -78,11 +80,11 @@ std::int32_t choose_token(std::span<const T> logits, const sampling_options& opt
                             : std::min(order.size(), static_cast<std::size_t>(options.top_k));
   std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
                     more_likely);
-  const double top = static_cast<double>(logits[order[0]]);
+  const double top = logit(static_cast<std::size_t>(order[0]));
   std::vector<double> cumulative(k);
   double total = 0.0;
   for (std::size_t i = 0; i < k; ++i) {
-    total += std::exp((static_cast<double>(logits[order[i]]) - top) / options.temperature);
+    total += std::exp((logit(static_cast<std::size_t>(order[i])) - top) / options.temperature);
     cumulative[i] = total;
   }
   const double target = rng_cursor(options.key).uniform_double(draw) * total;

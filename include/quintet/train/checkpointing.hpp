@@ -189,7 +189,7 @@ struct held_range {
 // fn(parameter, tensor name, held_range, split axes).
 template <class Trainer, class Fn>
 void for_each_held(Trainer& trainer, Fn&& fn) {
-  using T = typename Trainer::value_type;
+  using T = typename Trainer::master_type;  // the optimizer's parameters (fp32 under bf16)
   const int zero = trainer.zero_stage();
   auto& optimizer = trainer.optimizer();
   // ZeRO-3: each parameter's shard of the values (by name).

@@ -153,12 +153,14 @@ struct parity_report {
 template <class T, class Plan, token_source Source, class Mesh>
 parity_run parity_rank(const Source& source, const nn::gpt_config& model,
                        const training_options& training, const execution<host>& exec, Mesh* mesh) {
-  trainer<T, Source, Plan, Mesh> run(source, model, training, exec, mesh);
+  using trainer_type = trainer<T, Source, Plan, Mesh>;
+  trainer_type run(source, model, training, exec, mesh);
   parity_run out;
   for (std::int64_t s = 0; s < training.steps; ++s) out.losses.push_back(run.train_step().loss);
   const auto whole = run.whole_parameters();  // ZeRO-3 holds shards only between steps
+  // The optimizer's parameters: under bf16 mixed precision the fp32 master weights.
   for (const auto& p : run.parameters()) {
-    quintet::tensor<T, host> local(p.value.shape());
+    quintet::tensor<typename trainer_type::master_type, host> local(p.value.shape());
     copy(local, p.value);
     parity_shard shard{p.name, p.local, p.placement.logical_shape(p.global_shape), {}};
     shard.values.reserve(static_cast<std::size_t>(local.numel()));

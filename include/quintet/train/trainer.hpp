@@ -39,6 +39,15 @@
 // stages run MoE blocks as the plan's other policies say (every expert on each rank, split over
 // tp under tp<...>).
 //
+// bf16 mixed precision (trainer<bf16, ...>, or half): the model computes in T and the trainer
+// keeps fp32 master weights (optim::master_weights): each micro-batch's gradient of a piece is
+// added into the master's fp32 gradient as soon as the piece announces it, everything after
+// backward — the sums over tp/sp, data parallelism's buckets and ZeRO shards, the norm, AdamW and
+// its moments — runs on the master registry in fp32, and the model's values are the master's
+// rounded after each update. parameters() and optimizer() are the master's (what a checkpoint
+// saves), model_parameters() the model's. Composes with dp (ZeRO-0, 1, 2), tp and sp; pipelines,
+// ZeRO-3 and expert parallelism are refused.
+//
 // evaluate(source, batches) scores the model as it stands on other data (a held-out source): the
 // forward alone, on every rank under the trainer's plan, into contexts it then drops — no gradient,
 // no optimizer state, no step counter changes, so training with or without evaluations gives the
@@ -56,6 +65,7 @@
 #include <quintet/optim/adamw.hpp>
 #include <quintet/optim/gradient_norm.hpp>
 #include <quintet/optim/lr_schedule.hpp>
+#include <quintet/optim/master_weights.hpp>
 #include <quintet/parallel/data/data_parallel_runtime.hpp>
 #include <quintet/parallel/gradient_norm.hpp>
 #include <quintet/parallel/pipeline/catalog.hpp>
@@ -195,6 +205,12 @@ class trainer {
   static constexpr bool is_data_parallel = Plan::template has<parallel::strategy::data>;
   static constexpr bool is_pipelined = Plan::template has<parallel::strategy::pipeline>;
   static constexpr bool is_expert_parallel = parallel::uses_expert_parallel<Plan>;
+  // A 16-bit model trains through fp32 master weights (optim::master_weights).
+  static constexpr bool is_mixed = optim::needs_master_weights<T>;
+  using master_value_type = optim::master_type_t<T>;
+  static_assert(!is_mixed || (!is_pipelined && !is_expert_parallel),
+                "train::trainer: bf16 mixed precision composes with dp, tp and sp; with pipeline "
+                "or expert parallelism it is not supported yet");
   template <class Style>
   static constexpr int zero_stage_of = [] {
     if constexpr (requires { Style::stage; }) {
@@ -243,7 +259,18 @@ class trainer {
   };
   template <class M>
   struct runtime_slot<true, M> {
-    using type = std::optional<parallel::data_parallel_runtime<T, host, M>>;
+    using type = std::optional<parallel::data_parallel_runtime<master_value_type, host, M>>;
+  };
+  // The master weights of a mixed-precision model; nothing otherwise.
+  template <bool, class U>
+  struct master_slot {
+    master_slot(nn::parameter_registry<U, host>&, const execution<host>&) {}
+  };
+  template <class U>
+  struct master_slot<true, U> {
+    optim::master_weights<U, host> weights;
+    master_slot(nn::parameter_registry<U, host>& model, const execution<host>& exec)
+        : weights(model, exec) {}
   };
   // The model of the rank: the whole model (one stage, run by the executor), or its pipeline
   // stages (the runtime).
@@ -288,13 +315,18 @@ class trainer {
         mesh_(required(mesh)),
         registry_(make_registry(options.seed, mesh)),
         model_(registry_, exec_, model, options_, mesh),
-        optimizer_(registry_, exec_,
+        master_(registry_, exec_),
+        optimizer_(state_registry(), exec_,
                    {.lr = options.lr,
                     .beta1 = options.beta1,
                     .beta2 = options.beta2,
                     .eps = 1e-8,
                     .weight_decay = options.weight_decay}),
         schedule_(options.lr, options.min_lr, options.warmup_steps, options.steps) {
+    if constexpr (is_mixed)
+      QUINTET_CHECK(zero_stage_ <= 2,
+                    "training: bf16 mixed precision composes with ZeRO-0, 1 and 2; ZeRO-3 (which "
+                    "would gather the bf16 model from fp32 master shards) is not supported yet");
     if constexpr (is_data_parallel) {
       const int dp = mesh_->dp().size();
       QUINTET_CHECK(options.batch % (std::int64_t{dp} * options.micro_batches) == 0,
@@ -303,17 +335,20 @@ class trainer {
                     options.batch, dp, options.micro_batches);
       const parallel::data_parallel_options dp_options{.zero_stage = zero_stage_,
                                                        .bucket_elements = options.bucket_elements};
-      using runtime_type = parallel::data_parallel_runtime<T, host, Mesh>;
-      if constexpr (is_pipelined) {
+      using runtime_type = parallel::data_parallel_runtime<master_value_type, host, Mesh>;
+      if constexpr (is_mixed) {
+        // The buckets are the master's; ZeRO-3 is refused above, so no piece boundaries.
+        state_registry().flatten(runtime_type::layout(dp_options));
+      } else if constexpr (is_pipelined) {
         registry_.flatten(runtime_type::layout(dp_options));
       } else {
         registry_.flatten(
             runtime_type::layout(dp_options, model_.model.stage().piece_parameters()));
       }
-      data_parallel_.emplace(registry_, *mesh_, exec_, dp_options);
+      data_parallel_.emplace(state_registry(), *mesh_, exec_, dp_options);
       for (const auto& owned : data_parallel_->optimizer_ranges())
         optimizer_.own(owned.name, owned.range, owned.gradient, owned.value);
-      if constexpr (!is_pipelined) {
+      if constexpr (!is_pipelined && !is_mixed) {
         if (dp_options.zero_stage == 3)
           model_.model.stage().on_parameter_access(data_parallel_->parameter_access());
       }
@@ -337,14 +372,26 @@ class trainer {
           for (auto& p : registry_)
             if (p.placement.stages().size() >= 2) shared = &p;
       }
+      if constexpr (!is_mixed) {
+        for (auto* stage : model_.stages())
+          stage->on_gradients_ready([this, shared](std::span<nn::parameter<T, host>* const> ready) {
+            if (shared == nullptr) return data_parallel_->gradients_ready(ready);
+            std::vector<nn::parameter<T, host>*> announced;
+            for (auto* p : ready)
+              if (p != shared) announced.push_back(p);
+            data_parallel_->gradients_ready(announced);
+          });
+      }
+    }
+    if constexpr (is_mixed) {
+      // Each micro-batch's gradient of a piece goes into the master's fp32 sum at once; data
+      // parallelism then sees the master's parameters announced.
       for (auto* stage : model_.stages())
-        stage->on_gradients_ready([this, shared](std::span<nn::parameter<T, host>* const> ready) {
-          if (shared == nullptr) return data_parallel_->gradients_ready(ready);
-          std::vector<nn::parameter<T, host>*> announced;
-          for (auto* p : ready)
-            if (p != shared) announced.push_back(p);
-          data_parallel_->gradients_ready(announced);
+        stage->on_gradients_ready([this](std::span<nn::parameter<T, host>* const> ready) {
+          const auto masters = master_.weights.accumulate(ready);
+          if constexpr (is_data_parallel) data_parallel_->gradients_ready(masters);
         });
+      state_registry().flatten();
     }
     registry_.flatten();
     QUINTET_CHECK(model.vocab >= source.vocab_size(),
@@ -389,8 +436,9 @@ class trainer {
       data_parallel_->begin_step(static_cast<int>(micro.size()));
       data_parallel_->zero_grad();
     } else {
-      registry_.zero_grad();
+      state_registry().zero_grad();
     }
+    if constexpr (is_mixed) master_.weights.begin_step();
     const double scale = 1.0 / static_cast<double>(counted);
     // The auxiliary losses: the mean over the step's routing calls, micro-batches x dp ranks.
     const double aux_scale = 1.0 / static_cast<double>(routing_calls());
@@ -430,6 +478,7 @@ class trainer {
         scored += out.loss.count;
       }
     }
+    if constexpr (is_mixed) master_.weights.finish_backward(options_.micro_batches);
     QUINTET_CHECK(scored == local_counted,
                   "training: step {} counted {} targets but the model scored {}: it skips another "
                   "padding id than kernels::no_target",
@@ -462,8 +511,8 @@ class trainer {
       // Once per step, after every micro-batch: the gradients the plan left partial, accumulated
       // over the micro-batches, are summed (summing per micro-batch would count the earlier ones
       // again).
-      parallel::synchronize_gradients(registry_, *mesh_);
-      norm = parallel::global_gradient_norm<Plan>(exec_, registry_, *mesh_);
+      parallel::synchronize_gradients(state_registry(), *mesh_);
+      norm = parallel::global_gradient_norm<Plan>(exec_, state_registry(), *mesh_);
     }
     // After data parallelism's reductions: its collectives on the dp group have completed.
     expert_load experts = step_routing();
@@ -476,6 +525,7 @@ class trainer {
       if constexpr (is_pipelined)
         if (zero_stage_ >= 1) model_.pipeline.share_first_stage_values();
     }
+    if constexpr (is_mixed) master_.weights.write_back();
     ++next_step_;
     const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
     return {step, loss, norm, lr, elapsed.count(), tokens, std::move(experts)};
@@ -516,7 +566,10 @@ class trainer {
   std::int64_t next_step() const { return next_step_; }
   // The rank's pipeline: its stages, the runtime (the schedule, what the last step measured).
   auto& pipeline() requires is_pipelined { return model_.pipeline; }
-  nn::parameter_registry<T, host>& parameters() { return registry_; }
+  // The parameters the optimizer updates: the master weights under mixed precision, the model's
+  // otherwise. model_parameters() are those the model computes with.
+  nn::parameter_registry<master_value_type, host>& parameters() { return state_registry(); }
+  nn::parameter_registry<T, host>& model_parameters() { return registry_; }
   // While the returned guard lives, every parameter this rank holds has its values (ZeRO-3 keeps
   // only shards between steps: they are gathered, and dropped again with the guard). Every rank
   // takes it at the same point; no step runs under it.
@@ -535,20 +588,23 @@ class trainer {
     return guard(this);
   }
   const training_options& options() const { return options_; }
-  const optim::adamw<T, host>& optimizer() const { return optimizer_; }
-  optim::adamw<T, host>& optimizer() { return optimizer_; }
-  using value_type = T;
+  const optim::adamw<master_value_type, host>& optimizer() const { return optimizer_; }
+  optim::adamw<master_value_type, host>& optimizer() { return optimizer_; }
+  using value_type = T;                   // the model's
+  using master_type = master_value_type;  // the optimizer's parameters (T unless T is 16-bit)
   using plan_type = Plan;
   using mesh_type = Mesh;
   // The ZeRO stage of the run's data parallelism (0 without it).
   int zero_stage() const { return zero_stage_; }
-  // Continue as if `step` steps had been taken (a checkpoint restored the parameters and the
+  // Continue as if `step` steps had been taken (a checkpoint restored parameters() and the
   // optimizer's moments): the next step is `step`, and AdamW's bias correction counts from it.
+  // Under mixed precision the model takes the restored master values, rounded.
   void resume_at(std::int64_t step) {
     QUINTET_CHECK(step >= 0 && step <= options_.steps,
                   "training: resuming at step {} of a run of {} steps", step, options_.steps);
     next_step_ = step;
     optimizer_.restore_steps(step);
+    if constexpr (is_mixed) master_.weights.write_back();
   }
   // Data parallelism's state (buckets, memory, the last step's reduction timeline).
   auto& data_parallel() requires is_data_parallel { return *data_parallel_; }
@@ -566,6 +622,16 @@ class trainer {
 
  private:
   using model_slot_type = model_slot<is_pipelined, Mesh>;
+
+  // Where gradients are reduced and parameters updated: the master registry under mixed
+  // precision, the model's otherwise.
+  nn::parameter_registry<master_value_type, host>& state_registry() {
+    if constexpr (is_mixed) {
+      return master_.weights.registry();
+    } else {
+      return registry_;
+    }
+  }
 
   // The step's schedule for p pp ranks and the training's micro-batches: the style's own, or the
   // named one (pp<named_schedule>). A schedule's rules on m and p are the generator's errors.
@@ -742,7 +808,8 @@ class trainer {
   Mesh* mesh_;
   nn::parameter_registry<T, host> registry_;
   model_slot_type model_;
-  optim::adamw<T, host> optimizer_;
+  master_slot<is_mixed, T> master_;
+  optim::adamw<master_value_type, host> optimizer_;
   optim::cosine_schedule schedule_;
   typename runtime_slot<is_data_parallel, Mesh>::type data_parallel_;
   std::int64_t next_step_ = 0;

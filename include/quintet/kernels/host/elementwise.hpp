@@ -105,6 +105,13 @@ void scale(T* x, accumulator_t<T> alpha, std::int64_t count) {
   lane_map(x, count, [&](std::int64_t i) { return narrow<T>(widen(x[i]) * alpha); });
 }
 
+// into[i] += from[i], from widened exactly to into's type (float or double) and the sum rounded
+// once in it.
+template <class From, class To>
+void accumulate(const From* from, To* into, std::int64_t count) {
+  lane_map(into, count, [&](std::int64_t i) { return into[i] + static_cast<To>(widen(from[i])); });
+}
+
 // out[i] = in[i] in another floating type: exact when widening; narrowing to bf16 or half rounds
 // to nearest even from float (a double goes through float first).
 template <class From, class To>

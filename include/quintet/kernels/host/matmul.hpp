@@ -65,6 +65,31 @@ void gemm(const execution<host>& exec, gemm_backend backend, bool transpose_a, b
           transpose_b ? k : n, beta, c, n);
 }
 
+// One dense product of any floating type: float and double as gemm; bf16 and half widened to
+// float, multiplied, and C rounded once at the end (as matmul does).
+template <class T>
+void gemm_widening(const execution<host>& exec, gemm_backend backend, bool transpose_a,
+                   bool transpose_b, std::int64_t m, std::int64_t n, std::int64_t k, double alpha,
+                   const T* a, const T* b, double beta, T* c) {
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    gemm<T>(exec, backend, transpose_a, transpose_b, m, n, k, static_cast<T>(alpha), a, b,
+            static_cast<T>(beta), c);
+  } else {
+    static_assert(std::is_same_v<accumulator_t<T>, float>);
+    const auto widened = [](const T* from, std::int64_t count) {
+      std::vector<float> out(static_cast<std::size_t>(count));
+      for (std::int64_t i = 0; i < count; ++i) out[i] = static_cast<float>(from[i]);
+      return out;
+    };
+    const std::vector<float> a_wide = widened(a, m * k), b_wide = widened(b, k * n);
+    std::vector<float> c_wide =
+        beta != 0.0 ? widened(c, m * n) : std::vector<float>(static_cast<std::size_t>(m * n));
+    gemm<float>(exec, backend, transpose_a, transpose_b, m, n, k, static_cast<float>(alpha),
+                a_wide.data(), b_wide.data(), static_cast<float>(beta), c_wide.data());
+    for (std::int64_t i = 0; i < m * n; ++i) c[i] = T(c_wide[i]);
+  }
+}
+
 // The batched product described by `g` (see matmul_geometry.hpp) on contiguous row-major data.
 template <class T>
 void matmul(const execution<host>& exec, gemm_backend backend, const matmul_geometry& g,

@@ -68,7 +68,7 @@ void route_top_k(const T* probs, std::int32_t* expert, T* gate, std::int32_t* po
     for (std::int64_t j = 0; j < n.k; ++j) {
       std::int64_t best = -1;
       for (std::int64_t e = 0; e < n.experts; ++e)  // strictly greater: ties keep the lower index
-        if (!chosen[e] && (best < 0 || p[e] > p[best])) best = e;
+        if (!chosen[e] && (best < 0 || widen(p[e]) > widen(p[best]))) best = e;
       chosen[best] = 1;
       expert[t * n.k + j] = static_cast<std::int32_t>(best);
       sum += widen(p[best]);
@@ -95,7 +95,7 @@ void route_top_k(const T* probs, std::int32_t* expert, T* gate, std::int32_t* po
     if (n.drop == drop_order::lowest_probability)
       // Highest probability first; equal probabilities keep the earlier token.
       std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) {
-        return probs[(a / n.k) * n.experts + e] > probs[(b / n.k) * n.experts + e];
+        return widen(probs[(a / n.k) * n.experts + e]) > widen(probs[(b / n.k) * n.experts + e]);
       });
     for (std::int64_t r = n.capacity; r < count; ++r) keep[order[r]] = 0;
   }
@@ -243,8 +243,8 @@ void grouped_matmul(const execution<host>& exec, const T* a, const std::int64_t*
   for (std::int64_t g = 0; g < groups; ++g) {
     const std::int64_t m = offsets[g + 1] - offsets[g];
     if (m == 0) continue;
-    gemm<T>(exec, default_gemm_backend, false, transpose_b, m, n, k, static_cast<T>(alpha),
-            a + offsets[g] * k, b[g], static_cast<T>(beta), c + offsets[g] * n);
+    gemm_widening<T>(exec, default_gemm_backend, false, transpose_b, m, n, k, alpha,
+                     a + offsets[g] * k, b[g], beta, c + offsets[g] * n);
   }
 }
 
@@ -257,8 +257,8 @@ void grouped_weight_gradient(const execution<host>& exec, const T* dy, const T* 
   for (std::int64_t g = 0; g < groups; ++g) {
     const std::int64_t m = offsets[g + 1] - offsets[g];
     if (m == 0) continue;
-    gemm<T>(exec, default_gemm_backend, true, false, out, in, m, T(1), dy + offsets[g] * out,
-            x + offsets[g] * in, T(1), dw[g]);
+    gemm_widening<T>(exec, default_gemm_backend, true, false, out, in, m, 1.0,
+                     dy + offsets[g] * out, x + offsets[g] * in, 1.0, dw[g]);
   }
 }
 

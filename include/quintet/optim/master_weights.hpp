@@ -1,0 +1,125 @@
+// master_weights: mixed-precision training's fp32 copy of a model that computes in a 16-bit type
+// (bf16, half), as Micikevicius et al. (2018) and Megatron's distributed optimizer keep it.
+//
+//   model registry (T = bf16)          master registry (float)
+//   values   compute forward/backward  <- rounded from the master after each update (write_back)
+//   grads    one micro-batch's, in T    -> added into the master's fp32 gradient as soon as the
+//                                          model announces them (accumulate), then zeroed
+//                                          master values, gradients (summed over micro-batches and
+//                                          reduced over ranks in fp32), and the optimizer's state
+//
+// The master registry mirrors the model's: the same names, shapes, placements and weight decay, in
+// registration order; its values start as the model's, widened exactly (the model is initialised
+// in T, as a bf16 model cast from fp32 is). Everything that reduces, clips or updates gradients
+// (data parallelism's buckets, synchronize_gradients, the norm, AdamW) works on the master
+// registry; the model's gradients live only between a piece's backward and its announcement.
+#pragma once
+
+#include <quintet/core/error.hpp>
+#include <quintet/kernels/accumulator.hpp>
+#include <quintet/kernels/elementwise.hpp>
+#include <quintet/kernels/execution.hpp>
+#include <quintet/nn/parameter.hpp>
+#include <quintet/tensor/fill.hpp>
+
+#include <cstdint>
+#include <span>
+#include <type_traits>
+#include <unordered_map>
+#include <vector>
+
+namespace quintet::optim {
+
+// The type whose master weights a model computing in T trains: float for the 16-bit types, T
+// itself for float and double (which need none).
+template <class T>
+using master_type_t = kernels::accumulator_t<T>;
+template <class T>
+inline constexpr bool needs_master_weights = !std::is_same_v<master_type_t<T>, T>;
+
+template <class T, class Device>
+class master_weights {
+  static_assert(needs_master_weights<T>,
+                "master_weights: the model's element type must be a 16-bit type (bf16, half); "
+                "float and double models are their own master weights");
+
+ public:
+  using master_type = master_type_t<T>;
+
+  // Mirrors every parameter of `model` (complete: no parameter is added after this).
+  master_weights(nn::parameter_registry<T, Device>& model, const execution<Device>& exec)
+      : model_(model), exec_(exec), master_(model.seed(), model.position()) {
+    for (auto& p : model_) {
+      // The placement is the model's as given (its partial axes already applied).
+      auto& m =
+          master_.add(p.name, p.global_shape, nn::initializer::constant(0.0), p.placement, p.decay);
+      kernels::convert(exec_, p.value, m.value);
+      index_.emplace(&p, pairs_.size());
+      pairs_.push_back({&p, &m});
+    }
+  }
+  master_weights(nn::parameter_registry<T, Device>&, const execution<Device>&&) = delete;
+  master_weights(const master_weights&) = delete;
+  master_weights& operator=(const master_weights&) = delete;
+
+  nn::parameter_registry<master_type, Device>& registry() { return master_; }
+  const nn::parameter_registry<master_type, Device>& registry() const { return master_; }
+
+  // A step begins: no micro-batch's gradient has been accumulated.
+  void begin_step() {
+    accumulated_.assign(pairs_.size(), 0);
+    model_.zero_grad();
+  }
+
+  // The model announced these parameters' gradients of one micro-batch complete: each is added
+  // into its master gradient (exactly widened, summed in fp32) and zeroed for the next. Returns
+  // the master parameters, in the same order, for whoever reduces them.
+  std::vector<nn::parameter<master_type, Device>*> accumulate(
+      std::span<nn::parameter<T, Device>* const> ready) {
+    std::vector<nn::parameter<master_type, Device>*> masters;
+    masters.reserve(ready.size());
+    for (auto* p : ready) {
+      const auto found = index_.find(p);
+      QUINTET_CHECK(found != index_.end(),
+                    "mixed precision: parameter '{}' is not one of the model's", p->name);
+      auto& [model, master] = pairs_[found->second];
+      if (!accumulated_.empty()) ++accumulated_[found->second];
+      kernels::accumulate(exec_, model->grad, master->grad);
+      fill(model->grad, T(0));
+      masters.push_back(master);
+    }
+    return masters;
+  }
+
+  // After the step's backwards: every parameter's gradient was accumulated once per micro-batch
+  // (a gradient never announced would be missing from the update, silently).
+  void finish_backward(std::int64_t micro_batches) const {
+    for (std::size_t i = 0; i < pairs_.size(); ++i)
+      QUINTET_CHECK(accumulated_.size() == pairs_.size() && accumulated_[i] == micro_batches,
+                    "mixed precision: parameter '{}' had {} micro-batch gradients accumulated in "
+                    "a step of {}",
+                    pairs_[i].model->name, accumulated_.empty() ? 0 : accumulated_[i],
+                    micro_batches);
+  }
+
+  // The model's values from the master's, rounded to nearest even (after every update, and after
+  // a checkpoint restored the master).
+  void write_back() {
+    for (auto& [model, master] : pairs_) kernels::convert(exec_, master->value, model->value);
+  }
+
+ private:
+  struct pair {
+    nn::parameter<T, Device>* model;
+    nn::parameter<master_type, Device>* master;
+  };
+
+  nn::parameter_registry<T, Device>& model_;
+  const execution<Device>& exec_;
+  nn::parameter_registry<master_type, Device> master_;
+  std::vector<pair> pairs_;  // registration order
+  std::unordered_map<const nn::parameter<T, Device>*, std::size_t> index_;
+  std::vector<std::int64_t> accumulated_;  // micro-batch gradients per parameter this step
+};
+
+}  // namespace quintet::optim
