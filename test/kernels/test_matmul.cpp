@@ -4,6 +4,7 @@
 #include "kernel_test_support.hpp"
 
 #include <quintet/kernels/matmul.hpp>
+#include <quintet/kernels/moe.hpp>
 #include <quintet/tensor/slice.hpp>
 
 #include <cmath>
@@ -203,4 +204,54 @@ TEST_CASE("a host context with several threads computes the same product", "[ker
   quintet::kernels::matmul(execution<host>(1), a, b, c1, {.transpose_b = true});
   quintet::kernels::matmul(execution<host>::all_cores(), a, b, c2, {.transpose_b = true});
   require_close(c2, to_double(c1), 1e-14, 1e-14, "threads");
+}
+
+TEST_CASE("grouped products in bf16 equal the double products of their operands, rounded once",
+          "[kernels][matmul][moe]") {
+  // Mixture-of-experts layers in bf16 (mixed precision): each group's operands widened to float,
+  // multiplied, and the result rounded once to bf16, as matmul does. Three groups, one empty.
+  namespace k = quintet::kernels;
+  const execution<host> exec;
+  const std::int64_t rows = 9, in = 6, out = 5;
+  const std::vector<std::int64_t> offsets = {0, 4, 4, 9};
+  const auto x = random_tensor<quintet::bf16>(shape{rows, in}, 31);
+  std::vector<tensor<quintet::bf16, host>> weights;
+  for (int g = 0; g < 3; ++g)
+    weights.push_back(random_tensor<quintet::bf16>(shape{out, in}, 32 + g));
+  std::vector<quintet::tensor_view<const quintet::bf16, host>> w;
+  for (const auto& t : weights) w.push_back(t.view());
+  tensor<quintet::bf16, host> y(shape{rows, out});
+  k::grouped_matmul(exec, x, offsets, w, y, {.transpose_b = true});  // y_g = x_g w_g^T
+  const auto xd = to_double(x);
+  std::vector<double> want(static_cast<std::size_t>(rows * out));
+  for (std::size_t g = 0; g < 3; ++g) {
+    const auto wd = to_double(weights[g]);
+    for (std::int64_t r = offsets[g]; r < offsets[g + 1]; ++r)
+      for (std::int64_t o = 0; o < out; ++o) {
+        double sum = 0;
+        for (std::int64_t i = 0; i < in; ++i) sum += xd[r * in + i] * wd[o * in + i];
+        want[r * out + o] = sum;
+      }
+  }
+  // One rounding to bf16 (2^-9 relative) beyond float's sum of 6 terms.
+  require_close(y, want, 0x1.0p-8, 1e-6, "grouped_matmul bf16");
+
+  // dw_g += dy_g^T x_g, into gradients that start non-zero; the empty group's is unchanged.
+  const auto dy = random_tensor<quintet::bf16>(shape{rows, out}, 40);
+  std::vector<tensor<quintet::bf16, host>> grads;
+  for (int g = 0; g < 3; ++g) grads.push_back(random_tensor<quintet::bf16>(shape{out, in}, 41 + g));
+  std::vector<std::vector<double>> start;
+  for (const auto& t : grads) start.push_back(to_double(t));
+  std::vector<quintet::tensor_view<quintet::bf16, host>> dw;
+  for (auto& t : grads) dw.push_back(t.view());
+  k::grouped_weight_gradient(exec, dy, x, offsets, dw);
+  const auto dyd = to_double(dy);
+  for (std::size_t g = 0; g < 3; ++g) {
+    std::vector<double> expected = start[g];
+    for (std::int64_t r = offsets[g]; r < offsets[g + 1]; ++r)
+      for (std::int64_t o = 0; o < out; ++o)
+        for (std::int64_t i = 0; i < in; ++i)
+          expected[o * in + i] += dyd[r * out + o] * xd[r * in + i];
+    require_close(grads[g], expected, 0x1.0p-8, 1e-6, "grouped_weight_gradient bf16");
+  }
 }

@@ -204,4 +204,6 @@ QUINTET_AVX2_INLINE normal_pairs_x4 box_muller_x4(const philox_words_x4& bits) {
 
 }  // namespace quintet::detail
 
+#undef QUINTET_AVX2_INLINE
+
 #endif  // QUINTET_PHILOX_AVX2

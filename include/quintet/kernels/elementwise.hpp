@@ -23,8 +23,7 @@ struct elementwise_engine {
   static_assert(
       quintet::detail::always_false<Device>,
       "bias_add, bias_grad, gelu_forward, gelu_backward, add, scale, convert and accumulate "
-      "have only "
-      "a host implementation: their CUDA twins are not written yet");
+      "have only a host implementation: their CUDA twins are not written yet");
 };
 
 template <>

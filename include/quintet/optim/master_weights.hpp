@@ -1,5 +1,6 @@
 // master_weights: mixed-precision training's fp32 copy of a model that computes in a 16-bit type
-// (bf16, half), as Micikevicius et al. (2018) and Megatron's distributed optimizer keep it.
+// (bf16; half would also need loss scaling, which is not built), as Micikevicius et al. (2018) and
+// Megatron's distributed optimizer keep it.
 //
 //   model registry (T = bf16)          master registry (float)
 //   values   compute forward/backward  <- rounded from the master after each update (write_back)
@@ -69,21 +70,25 @@ class master_weights {
   void begin_step() {
     accumulated_.assign(pairs_.size(), 0);
     model_.zero_grad();
+    in_step_ = true;
   }
 
   // The model announced these parameters' gradients of one micro-batch complete: each is added
   // into its master gradient (exactly widened, summed in fp32) and zeroed for the next. Returns
-  // the master parameters, in the same order, for whoever reduces them.
+  // the master parameters, in the same order, for whoever reduces them. Outside a step (between
+  // begin_step and finish_backward: a backward of the model alone) nothing is touched and nothing
+  // returned, as data parallelism ignores such announcements.
   std::vector<nn::parameter<master_type, Device>*> accumulate(
       std::span<nn::parameter<T, Device>* const> ready) {
     std::vector<nn::parameter<master_type, Device>*> masters;
+    if (!in_step_) return masters;
     masters.reserve(ready.size());
     for (auto* p : ready) {
       const auto found = index_.find(p);
       QUINTET_CHECK(found != index_.end(),
                     "mixed precision: parameter '{}' is not one of the model's", p->name);
       auto& [model, master] = pairs_[found->second];
-      if (!accumulated_.empty()) ++accumulated_[found->second];
+      ++accumulated_[found->second];
       kernels::accumulate(exec_, model->grad, master->grad);
       fill(model->grad, T(0));
       masters.push_back(master);
@@ -92,14 +97,16 @@ class master_weights {
   }
 
   // After the step's backwards: every parameter's gradient was accumulated once per micro-batch
-  // (a gradient never announced would be missing from the update, silently).
-  void finish_backward(std::int64_t micro_batches) const {
+  // (a gradient never announced would be missing from the update, silently). Ends the step.
+  void finish_backward(std::int64_t micro_batches) {
+    in_step_ = false;
+    QUINTET_CHECK(accumulated_.size() == pairs_.size(),
+                  "mixed precision: finish_backward without begin_step");
     for (std::size_t i = 0; i < pairs_.size(); ++i)
-      QUINTET_CHECK(accumulated_.size() == pairs_.size() && accumulated_[i] == micro_batches,
+      QUINTET_CHECK(accumulated_[i] == micro_batches,
                     "mixed precision: parameter '{}' had {} micro-batch gradients accumulated in "
                     "a step of {}",
-                    pairs_[i].model->name, accumulated_.empty() ? 0 : accumulated_[i],
-                    micro_batches);
+                    pairs_[i].model->name, accumulated_[i], micro_batches);
   }
 
   // The model's values from the master's, rounded to nearest even (after every update, and after
@@ -120,6 +127,7 @@ class master_weights {
   std::vector<pair> pairs_;  // registration order
   std::unordered_map<const nn::parameter<T, Device>*, std::size_t> index_;
   std::vector<std::int64_t> accumulated_;  // micro-batch gradients per parameter this step
+  bool in_step_ = false;
 };
 
 }  // namespace quintet::optim

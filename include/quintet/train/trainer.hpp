@@ -39,7 +39,7 @@
 // stages run MoE blocks as the plan's other policies say (every expert on each rank, split over
 // tp under tp<...>).
 //
-// bf16 mixed precision (trainer<bf16, ...>, or half): the model computes in T and the trainer
+// bf16 mixed precision (trainer<bf16, ...>): the model computes in bf16 and the trainer
 // keeps fp32 master weights (optim::master_weights): each micro-batch's gradient of a piece is
 // added into the master's fp32 gradient as soon as the piece announces it, everything after
 // backward — the sums over tp/sp, data parallelism's buckets and ZeRO shards, the norm, AdamW and
@@ -54,6 +54,7 @@
 // same bits.
 #pragma once
 
+#include <quintet/core/bf16.hpp>
 #include <quintet/core/error.hpp>
 #include <quintet/data/token_batch.hpp>
 #include <quintet/data/token_source.hpp>
@@ -208,6 +209,9 @@ class trainer {
   // A 16-bit model trains through fp32 master weights (optim::master_weights).
   static constexpr bool is_mixed = optim::needs_master_weights<T>;
   using master_value_type = optim::master_type_t<T>;
+  static_assert(!is_mixed || std::is_same_v<T, bf16>,
+                "train::trainer: of the 16-bit types only bf16 trains (fp16 needs loss scaling, "
+                "which is not built)");
   static_assert(!is_mixed || (!is_pipelined && !is_expert_parallel),
                 "train::trainer: bf16 mixed precision composes with dp, tp and sp; with pipeline "
                 "or expert parallelism it is not supported yet");
