@@ -1,12 +1,15 @@
 // A full serial training step of train_gpt's default model (2 layers, 4 heads, batch 16 x seq 64,
 // vocabulary 16) at d_model 64 (the default) and 256: tokens/s, and the share of the step spent in
 // matrix products, measured in the same run by replaying the step's products (same shapes, same
-// execution context) on their own.
+// execution context) on their own. Issue 16's two shapes (batch 4 x seq 64): the step against the
+// BLAS bound, its model FLOPs (6N + 12 L h s per token) at the sgemm rate measured in the same run.
 #include <benchmark/benchmark.h>
 
 #include <quintet/data/markov_source.hpp>
 #include <quintet/kernels/matmul.hpp>
 #include <quintet/tensor/random.hpp>
+#include <quintet/train/matmul_probe.hpp>
+#include <quintet/train/model_flops.hpp>
 #include <quintet/train/trainer.hpp>
 
 #include <chrono>
@@ -85,6 +88,47 @@ void serial_train_step(benchmark::State& state) {
   state.counters["matmul_share"] = matmul_seconds / step_seconds;
 }
 
+// Issue 16's shapes, batch 4 x seq 64: the small model (4 layers, d 256, 4 heads, vocabulary 256)
+// and GPT-2 124M (12 layers, d 768, 12 heads, vocabulary 50257). blas_bound_fraction is
+// (model FLOPs of a step / the sgemm rate) / the step's time: 1 would be a step that is nothing
+// but matrix products at the rate of large square ones. The rate is probe_matmul_rate's on
+// 1024 x 1024 products with the same threads, measured after the steps.
+void issue_shape_train_step(benchmark::State& state, bool large) {
+  const quintet::nn::gpt_config model =
+      large ? quintet::nn::gpt_config{.vocab = 50257,
+                                      .max_seq = 1024,
+                                      .layers = 12,
+                                      .d_model = 768,
+                                      .heads = 12}
+            : quintet::nn::gpt_config{
+                  .vocab = 256, .max_seq = 64, .layers = 4, .d_model = 256, .heads = 4};
+  constexpr std::int64_t shape_batch = 4, shape_seq = 64;
+  const auto exec = quintet::execution<host>::all_cores();
+  const quintet::markov_source source({.vocab = 16, .order = 2, .successors = 3, .seed = 1});
+  quintet::train::trainer<float, quintet::markov_source> trainer(
+      source, model, {.steps = 1 << 30, .batch = shape_batch, .seq = shape_seq, .warmup_steps = 0},
+      exec);
+  trainer.train_step();  // untimed warm-up
+  double step_seconds = 0;
+  for (auto _ : state) {
+    const auto start = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(trainer.train_step().loss);
+    step_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  const double steps = static_cast<double>(state.iterations());
+  const double tokens = static_cast<double>(shape_batch * shape_seq);
+  const double flops_per_step =
+      tokens * quintet::train::model_flops_per_token(
+                   quintet::train::model_parameter_count(trainer.parameters()), model.layers,
+                   model.d_model, shape_seq);
+  const double sgemm = quintet::train::probe_matmul_rate(exec, 1024, 1.0).flops_per_second;
+  state.counters["ms_per_step"] = 1e3 * step_seconds / steps;
+  state.counters["tokens_per_second"] = tokens * steps / step_seconds;
+  state.counters["model_gflop_per_step"] = flops_per_step / 1e9;
+  state.counters["sgemm_gflops"] = sgemm / 1e9;
+  state.counters["blas_bound_fraction"] = flops_per_step / sgemm / (step_seconds / steps);
+}
+
 // Time to the first step at the GPT-2 124M shape (12 layers, d 768, 12 heads, vocabulary 50257,
 // 1024 positions): the trainer's construction, which allocates and initialises every parameter
 // (Philox normals), its gradient and AdamW's moments. One construction per iteration; the rate
@@ -121,5 +165,13 @@ BENCHMARK(serial_train_step)
     ->Arg(256)
     ->Unit(benchmark::kMillisecond)
     ->MinTime(2.0)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(issue_shape_train_step, small, false)
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(2.0)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(issue_shape_train_step, gpt2_124m, true)
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(3)
     ->UseRealTime();
 BENCHMARK_MAIN();
