@@ -48,6 +48,19 @@ struct linear_products {
   }
 };
 
+// One untimed warm-up step, then one step per benchmark iteration: the seconds the steps took.
+template <class Trainer>
+double timed_steps(benchmark::State& state, Trainer& trainer) {
+  trainer.train_step();
+  double seconds = 0;
+  for (auto _ : state) {
+    const auto start = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(trainer.train_step().loss);
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  return seconds;
+}
+
 void serial_train_step(benchmark::State& state) {
   const quintet::nn::gpt_config model{
       .vocab = 16, .max_seq = 64, .layers = 2, .d_model = state.range(0), .heads = 4};
@@ -55,14 +68,7 @@ void serial_train_step(benchmark::State& state) {
   const quintet::markov_source source({.vocab = 16, .order = 2, .successors = 3, .seed = 1});
   quintet::train::trainer<float, quintet::markov_source> trainer(
       source, model, {.steps = 1 << 30, .batch = batch, .seq = seq, .warmup_steps = 0}, exec);
-  trainer.train_step();  // untimed warm-up
-
-  double step_seconds = 0;
-  for (auto _ : state) {
-    const auto start = std::chrono::steady_clock::now();
-    benchmark::DoNotOptimize(trainer.train_step().loss);
-    step_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  }
+  const double step_seconds = timed_steps(state, trainer);
 
   // The step's products: per block qkv (d -> 3d), attention output (d -> d), fc (d -> 4d) and MLP
   // output (4d -> d); then the tied LM head (d -> vocab).
@@ -108,13 +114,7 @@ void issue_shape_train_step(benchmark::State& state, bool large) {
   quintet::train::trainer<float, quintet::markov_source> trainer(
       source, model, {.steps = 1 << 30, .batch = shape_batch, .seq = shape_seq, .warmup_steps = 0},
       exec);
-  trainer.train_step();  // untimed warm-up
-  double step_seconds = 0;
-  for (auto _ : state) {
-    const auto start = std::chrono::steady_clock::now();
-    benchmark::DoNotOptimize(trainer.train_step().loss);
-    step_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  }
+  const double step_seconds = timed_steps(state, trainer);
   const double steps = static_cast<double>(state.iterations());
   const double tokens = static_cast<double>(shape_batch * shape_seq);
   const double flops_per_step =
