@@ -16,20 +16,25 @@ struct philox_block {
   std::uint32_t word[4];
 };
 
+namespace detail {
+// Philox4x32's round multipliers and key schedule increments (the AVX2 lanes of philox_avx2.hpp
+// use the same).
+inline constexpr std::uint32_t philox_multiplier0 = 0xD2511F53u, philox_multiplier1 = 0xCD9E8D57u;
+inline constexpr std::uint32_t philox_weyl0 = 0x9E3779B9u, philox_weyl1 = 0xBB67AE85u;
+}  // namespace detail
+
 // One Philox4x32 evaluation with 10 rounds: a bijection of the 128-bit counter keyed by 64 bits.
 QUINTET_HOST_DEVICE QUINTET_FORCE_INLINE philox_block philox4x32_10(philox_block counter,
                                                                     std::uint32_t key0,
                                                                     std::uint32_t key1) {
-  constexpr std::uint32_t multiplier0 = 0xD2511F53u, multiplier1 = 0xCD9E8D57u;
-  constexpr std::uint32_t weyl0 = 0x9E3779B9u, weyl1 = 0xBB67AE85u;  // key schedule increments
   std::uint32_t* c = counter.word;
   for (int round = 0; round < 10; ++round) {
     if (round > 0) {
-      key0 += weyl0;
-      key1 += weyl1;
+      key0 += detail::philox_weyl0;
+      key1 += detail::philox_weyl1;
     }
-    const std::uint64_t product0 = std::uint64_t{multiplier0} * c[0];
-    const std::uint64_t product1 = std::uint64_t{multiplier1} * c[2];
+    const std::uint64_t product0 = std::uint64_t{detail::philox_multiplier0} * c[0];
+    const std::uint64_t product1 = std::uint64_t{detail::philox_multiplier1} * c[2];
     const std::uint32_t next[4] = {
         static_cast<std::uint32_t>(product1 >> 32) ^ c[1] ^ key0,
         static_cast<std::uint32_t>(product1),
@@ -99,62 +104,66 @@ QUINTET_HOST_DEVICE QUINTET_FORCE_INLINE double square_root(double x) {
 // target (+, -, *, /, sqrt, explicit fma) and never an expression a compiler may contract, so host
 // and device compute the same bits. Math libraries differ in the last ulp; these do not.
 
+// Constants and series coefficients of the functions below, each written once; the AVX2 lanes of
+// philox_avx2.hpp evaluate the same. Coefficients are in Horner order, highest power first.
+inline constexpr double sqrt_half = 0.70710678118654752440;
+inline constexpr double ln2 = 0.69314718055994530942;
+inline constexpr double half_pi = 1.57079632679489661923;
+
+struct series_coefficients {
+  static constexpr int atanh_terms = 12, sine_terms = 10, cosine_terms = 10;
+  double atanh[atanh_terms];    // 1/23, 1/21, ..., 1/3, 1: atanh(s)/s in powers of s^2
+  double sine[sine_terms];      // -1/19!, 1/17!, ..., -1/3!, 1: sin(x)/x in powers of x^2
+  double cosine[cosine_terms];  // -1/18!, 1/16!, ..., -1/2!, 1: cos(x) in powers of x^2
+};
+
+QUINTET_HOST_DEVICE constexpr series_coefficients series_coefficients_of() {
+  return {
+      {1.0 / 23, 1.0 / 21, 1.0 / 19, 1.0 / 17, 1.0 / 15, 1.0 / 13, 1.0 / 11, 1.0 / 9, 1.0 / 7,
+       1.0 / 5, 1.0 / 3, 1.0},
+      {-1.0 / 121645100408832000.0, 1.0 / 355687428096000.0, -1.0 / 1307674368000.0,
+       1.0 / 6227020800.0, -1.0 / 39916800.0, 1.0 / 362880.0, -1.0 / 5040.0, 1.0 / 120.0,
+       -1.0 / 6.0, 1.0},
+      {-1.0 / 6402373705728000.0, 1.0 / 20922789888000.0, -1.0 / 87178291200.0, 1.0 / 479001600.0,
+       -1.0 / 3628800.0, 1.0 / 40320.0, -1.0 / 720.0, 1.0 / 24.0, -0.5, 1.0}};
+}
+
 // Natural log of u in (0, 1], u normal: u = m 2^e with m in [sqrt(1/2), sqrt(2)), then
 // log m = 2 atanh(s) = 2 (s + s^3/3 + s^5/5 + ...) with s = (m-1)/(m+1), |s| <= 0.172.
 QUINTET_HOST_DEVICE QUINTET_FORCE_INLINE double log_unit_interval(double u) {
   const std::uint64_t bits = bits_of(u);
   int exponent = static_cast<int>((bits >> 52) & 0x7ff) - 1022;
   double m = double_from_bits((bits & 0x000fffffffffffffull) | (std::uint64_t{1022} << 52));
-  if (m < 0.70710678118654752440) {
+  if (m < sqrt_half) {
     m *= 2.0;
     exponent -= 1;
   }
   const double s = (m - 1.0) / (m + 1.0);
   const double s2 = s * s;
-  double series = 1.0 / 23;
-  series = fused_multiply_add(series, s2, 1.0 / 21);
-  series = fused_multiply_add(series, s2, 1.0 / 19);
-  series = fused_multiply_add(series, s2, 1.0 / 17);
-  series = fused_multiply_add(series, s2, 1.0 / 15);
-  series = fused_multiply_add(series, s2, 1.0 / 13);
-  series = fused_multiply_add(series, s2, 1.0 / 11);
-  series = fused_multiply_add(series, s2, 1.0 / 9);
-  series = fused_multiply_add(series, s2, 1.0 / 7);
-  series = fused_multiply_add(series, s2, 1.0 / 5);
-  series = fused_multiply_add(series, s2, 1.0 / 3);
-  series = fused_multiply_add(series, s2, 1.0);
-  constexpr double ln2 = 0.69314718055994530942;
+  constexpr series_coefficients series_of = series_coefficients_of();
+  double series = series_of.atanh[0];
+  for (int i = 1; i < series_coefficients::atanh_terms; ++i)
+    series = fused_multiply_add(series, s2, series_of.atanh[i]);
   return fused_multiply_add(static_cast<double>(exponent), ln2, (2.0 * s) * series);
 }
 
 // sin(x) and cos(x) for |x| <= pi/4 by Taylor series to x^19 and x^18 (error < 1e-17).
 QUINTET_HOST_DEVICE QUINTET_FORCE_INLINE double sin_small(double x) {
   const double y = x * x;
-  double p = -1.0 / 121645100408832000.0;  // -1/19!
-  p = fused_multiply_add(p, y, 1.0 / 355687428096000.0);
-  p = fused_multiply_add(p, y, -1.0 / 1307674368000.0);
-  p = fused_multiply_add(p, y, 1.0 / 6227020800.0);
-  p = fused_multiply_add(p, y, -1.0 / 39916800.0);
-  p = fused_multiply_add(p, y, 1.0 / 362880.0);
-  p = fused_multiply_add(p, y, -1.0 / 5040.0);
-  p = fused_multiply_add(p, y, 1.0 / 120.0);
-  p = fused_multiply_add(p, y, -1.0 / 6.0);
-  p = fused_multiply_add(p, y, 1.0);
+  constexpr series_coefficients series_of = series_coefficients_of();
+  double p = series_of.sine[0];
+  for (int i = 1; i < series_coefficients::sine_terms; ++i)
+    p = fused_multiply_add(p, y, series_of.sine[i]);
   return x * p;
 }
 
 QUINTET_HOST_DEVICE QUINTET_FORCE_INLINE double cos_small(double x) {
   const double y = x * x;
-  double p = -1.0 / 6402373705728000.0;  // -1/18!
-  p = fused_multiply_add(p, y, 1.0 / 20922789888000.0);
-  p = fused_multiply_add(p, y, -1.0 / 87178291200.0);
-  p = fused_multiply_add(p, y, 1.0 / 479001600.0);
-  p = fused_multiply_add(p, y, -1.0 / 3628800.0);
-  p = fused_multiply_add(p, y, 1.0 / 40320.0);
-  p = fused_multiply_add(p, y, -1.0 / 720.0);
-  p = fused_multiply_add(p, y, 1.0 / 24.0);
-  p = fused_multiply_add(p, y, -0.5);
-  return fused_multiply_add(p, y, 1.0);
+  constexpr series_coefficients series_of = series_coefficients_of();
+  double p = series_of.cosine[0];
+  for (int i = 1; i < series_coefficients::cosine_terms; ++i)
+    p = fused_multiply_add(p, y, series_of.cosine[i]);
+  return p;
 }
 
 // cos(2 pi u) and sin(2 pi u) for u in [0, 1): quadrant and octant come from exact operations on u.
@@ -166,7 +175,6 @@ QUINTET_HOST_DEVICE QUINTET_FORCE_INLINE cos_sin cos_sin_two_pi(double u) {
   const double quarters = 4.0 * u;  // exact
   const int quadrant = static_cast<int>(quarters);
   double r = quarters - quadrant;  // exact, in [0, 1): the angle is (quadrant + r) pi/2
-  constexpr double half_pi = 1.57079632679489661923;
   // Within a quadrant, cos and sin of r pi/2; past the octant use the complementary angle.
   const bool complement = r > 0.5;
   if (complement) r = 1.0 - r;  // exact (Sterbenz)

@@ -48,14 +48,14 @@ QUINTET_AVX2_INLINE philox_words_x4 random_blocks_x4(rng_key key, std::uint64_t 
   __m256i c1 = _mm256_srli_epi64(blocks, 32);
   __m256i c2 = _mm256_set1_epi64x(static_cast<long long>(key.stream & 0xffffffffu));
   __m256i c3 = _mm256_set1_epi64x(static_cast<long long>(key.stream >> 32));
-  const __m256i multiplier0 = _mm256_set1_epi64x(0xD2511F53ll);
-  const __m256i multiplier1 = _mm256_set1_epi64x(0xCD9E8D57ll);
+  const __m256i multiplier0 = _mm256_set1_epi64x(philox_multiplier0);
+  const __m256i multiplier1 = _mm256_set1_epi64x(philox_multiplier1);
   auto key0 = static_cast<std::uint32_t>(key.seed);
   auto key1 = static_cast<std::uint32_t>(key.seed >> 32);
   for (int round = 0; round < 10; ++round) {
     if (round > 0) {
-      key0 += 0x9E3779B9u;
-      key1 += 0xBB67AE85u;
+      key0 += philox_weyl0;
+      key1 += philox_weyl1;
     }
     // _mm256_mul_epu32 multiplies the low 32 bits of each 64-bit lane into a 64-bit product.
     const __m256i product0 = _mm256_mul_epu32(multiplier0, c0);
@@ -105,56 +105,35 @@ QUINTET_AVX2_INLINE __m256d log_unit_interval_x4(__m256d u) {
   __m256d m = _mm256_castsi256_pd(
       _mm256_or_si256(_mm256_and_si256(bits, _mm256_set1_epi64x(0x000fffffffffffffll)),
                       _mm256_set1_epi64x(0x3fe0000000000000ll)));
-  const __m256d below = _mm256_cmp_pd(m, _mm256_set1_pd(0.70710678118654752440), _CMP_LT_OQ);
+  const __m256d below = _mm256_cmp_pd(m, _mm256_set1_pd(sqrt_half), _CMP_LT_OQ);
   m = _mm256_blendv_pd(m, _mm256_mul_pd(m, _mm256_set1_pd(2.0)), below);
   exponent = _mm256_sub_pd(exponent, _mm256_and_pd(below, _mm256_set1_pd(1.0)));
   const __m256d one = _mm256_set1_pd(1.0);
   const __m256d s = _mm256_div_pd(_mm256_sub_pd(m, one), _mm256_add_pd(m, one));
   const __m256d s2 = _mm256_mul_pd(s, s);
-  __m256d series = _mm256_set1_pd(1.0 / 23);
-  series = fma_x4(series, s2, 1.0 / 21);
-  series = fma_x4(series, s2, 1.0 / 19);
-  series = fma_x4(series, s2, 1.0 / 17);
-  series = fma_x4(series, s2, 1.0 / 15);
-  series = fma_x4(series, s2, 1.0 / 13);
-  series = fma_x4(series, s2, 1.0 / 11);
-  series = fma_x4(series, s2, 1.0 / 9);
-  series = fma_x4(series, s2, 1.0 / 7);
-  series = fma_x4(series, s2, 1.0 / 5);
-  series = fma_x4(series, s2, 1.0 / 3);
-  series = fma_x4(series, s2, 1.0);
-  return _mm256_fmadd_pd(exponent, _mm256_set1_pd(0.69314718055994530942),
+  constexpr series_coefficients series_of = series_coefficients_of();
+  __m256d series = _mm256_set1_pd(series_of.atanh[0]);
+  for (int i = 1; i < series_coefficients::atanh_terms; ++i)
+    series = fma_x4(series, s2, series_of.atanh[i]);
+  return _mm256_fmadd_pd(exponent, _mm256_set1_pd(ln2),
                          _mm256_mul_pd(_mm256_mul_pd(_mm256_set1_pd(2.0), s), series));
 }
 
 // sin_small / cos_small lane by lane.
 QUINTET_AVX2_INLINE __m256d sin_small_x4(__m256d x) {
   const __m256d y = _mm256_mul_pd(x, x);
-  __m256d p = _mm256_set1_pd(-1.0 / 121645100408832000.0);
-  p = fma_x4(p, y, 1.0 / 355687428096000.0);
-  p = fma_x4(p, y, -1.0 / 1307674368000.0);
-  p = fma_x4(p, y, 1.0 / 6227020800.0);
-  p = fma_x4(p, y, -1.0 / 39916800.0);
-  p = fma_x4(p, y, 1.0 / 362880.0);
-  p = fma_x4(p, y, -1.0 / 5040.0);
-  p = fma_x4(p, y, 1.0 / 120.0);
-  p = fma_x4(p, y, -1.0 / 6.0);
-  p = fma_x4(p, y, 1.0);
+  constexpr series_coefficients series_of = series_coefficients_of();
+  __m256d p = _mm256_set1_pd(series_of.sine[0]);
+  for (int i = 1; i < series_coefficients::sine_terms; ++i) p = fma_x4(p, y, series_of.sine[i]);
   return _mm256_mul_pd(x, p);
 }
 
 QUINTET_AVX2_INLINE __m256d cos_small_x4(__m256d x) {
   const __m256d y = _mm256_mul_pd(x, x);
-  __m256d p = _mm256_set1_pd(-1.0 / 6402373705728000.0);
-  p = fma_x4(p, y, 1.0 / 20922789888000.0);
-  p = fma_x4(p, y, -1.0 / 87178291200.0);
-  p = fma_x4(p, y, 1.0 / 479001600.0);
-  p = fma_x4(p, y, -1.0 / 3628800.0);
-  p = fma_x4(p, y, 1.0 / 40320.0);
-  p = fma_x4(p, y, -1.0 / 720.0);
-  p = fma_x4(p, y, 1.0 / 24.0);
-  p = fma_x4(p, y, -0.5);
-  return fma_x4(p, y, 1.0);
+  constexpr series_coefficients series_of = series_coefficients_of();
+  __m256d p = _mm256_set1_pd(series_of.cosine[0]);
+  for (int i = 1; i < series_coefficients::cosine_terms; ++i) p = fma_x4(p, y, series_of.cosine[i]);
+  return p;
 }
 
 QUINTET_AVX2_INLINE __m256d negated_where(__m256d value, __m256d mask) {
@@ -188,7 +167,7 @@ QUINTET_AVX2_INLINE normal_pairs_x4 box_muller_x4(const philox_words_x4& bits) {
   __m256d r = _mm256_sub_pd(quarters, quadrant);
   const __m256d complement = _mm256_cmp_pd(r, _mm256_set1_pd(0.5), _CMP_GT_OQ);
   r = _mm256_blendv_pd(r, _mm256_sub_pd(_mm256_set1_pd(1.0), r), complement);
-  const __m256d x = _mm256_mul_pd(r, _mm256_set1_pd(1.57079632679489661923));
+  const __m256d x = _mm256_mul_pd(r, _mm256_set1_pd(half_pi));
   const __m256d cos_x = cos_small_x4(x), sin_x = sin_small_x4(x);
   const __m256d c = _mm256_blendv_pd(cos_x, sin_x, complement);
   const __m256d s = _mm256_blendv_pd(sin_x, cos_x, complement);
