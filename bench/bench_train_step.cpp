@@ -2,7 +2,8 @@
 // vocabulary 16) at d_model 64 (the default) and 256: tokens/s, and the share of the step spent in
 // matrix products, measured in the same run by replaying the step's products (same shapes, same
 // execution context) on their own. Issue 16's two shapes (batch 4 x seq 64): the step against the
-// BLAS bound, its model FLOPs (6N + 12 L h s per token) at the sgemm rate measured in the same run.
+// BLAS bound, its model FLOPs (6N + 12 L h s per token) at the sgemm rate measured in the same run,
+// and the share of the step in matrix products.
 #include <benchmark/benchmark.h>
 
 #include <quintet/data/markov_source.hpp>
@@ -26,16 +27,16 @@ const quintet::nn::gpt_config model{
     .vocab = 16, .max_seq = 64, .layers = 2, .d_model = 64, .heads = 4};
 constexpr std::int64_t batch = 16, seq = 64, rows = batch * seq;
 
-// The three products of one linear layer (in -> out) over `rows` rows: forward y = x W^T, and in
-// backward dW += dy^T x and dx = dy W.
+// The three products of one linear layer (in -> out) over `token_rows` rows: forward y = x W^T, and
+// in backward dW += dy^T x and dx = dy W.
 struct linear_products {
   host_tensor x, w, y, dw, dx;
-  linear_products(std::int64_t in, std::int64_t out)
-      : x(shape{rows, in}),
+  linear_products(std::int64_t in, std::int64_t out, std::int64_t token_rows)
+      : x(shape{token_rows, in}),
         w(shape{out, in}),
-        y(shape{rows, out}),
+        y(shape{token_rows, out}),
         dw(shape{out, in}),
-        dx(shape{rows, in}) {
+        dx(shape{token_rows, in}) {
     quintet::fill_normal(x, {.seed = 1, .stream = 1}, 0.0, 1.0);
     quintet::fill_normal(w, {.seed = 1, .stream = 2}, 0.0, 0.02);
     quintet::fill_normal(y, {.seed = 1, .stream = 3}, 0.0, 1.0);  // stands for dy in backward
@@ -61,6 +62,28 @@ double timed_steps(benchmark::State& state, Trainer& trainer) {
   return seconds;
 }
 
+// The seconds `steps` steps of `model` over `token_rows` rows spend in matrix products, measured by
+// replaying them (same shapes, same execution context) on their own: per block qkv (d -> 3d),
+// attention output (d -> d), fc (d -> 4d) and MLP output (4d -> d); then the tied LM head
+// (d -> vocab).
+double replayed_matmul_seconds(const quintet::nn::gpt_config& model, std::int64_t token_rows,
+                               std::int64_t steps, const quintet::execution<host>& exec) {
+  const std::int64_t d = model.d_model;
+  std::vector<linear_products> products;
+  for (std::int64_t l = 0; l < model.layers; ++l) {
+    products.emplace_back(d, 3 * d, token_rows);
+    products.emplace_back(d, d, token_rows);
+    products.emplace_back(d, 4 * d, token_rows);
+    products.emplace_back(4 * d, d, token_rows);
+  }
+  products.emplace_back(d, model.vocab, token_rows);
+  for (auto& p : products) p.run(exec);  // warm-up
+  const auto start = std::chrono::steady_clock::now();
+  for (std::int64_t i = 0; i < steps; ++i)
+    for (auto& p : products) p.run(exec);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 void serial_train_step(benchmark::State& state) {
   const quintet::nn::gpt_config model{
       .vocab = 16, .max_seq = 64, .layers = 2, .d_model = state.range(0), .heads = 4};
@@ -70,24 +93,7 @@ void serial_train_step(benchmark::State& state) {
       source, model, {.steps = 1 << 30, .batch = batch, .seq = seq, .warmup_steps = 0}, exec);
   const double step_seconds = timed_steps(state, trainer);
 
-  // The step's products: per block qkv (d -> 3d), attention output (d -> d), fc (d -> 4d) and MLP
-  // output (4d -> d); then the tied LM head (d -> vocab).
-  const std::int64_t d = model.d_model;
-  std::vector<linear_products> products;
-  for (std::int64_t l = 0; l < model.layers; ++l) {
-    products.emplace_back(d, 3 * d);
-    products.emplace_back(d, d);
-    products.emplace_back(d, 4 * d);
-    products.emplace_back(4 * d, d);
-  }
-  products.emplace_back(d, model.vocab);
-  for (auto& p : products) p.run(exec);  // warm-up
-  const auto replay_start = std::chrono::steady_clock::now();
-  for (std::int64_t i = 0; i < state.iterations(); ++i)
-    for (auto& p : products) p.run(exec);
-  const double matmul_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - replay_start).count();
-
+  const double matmul_seconds = replayed_matmul_seconds(model, rows, state.iterations(), exec);
   state.counters["tokens_per_second"] =
       benchmark::Counter(static_cast<double>(rows * state.iterations()) / step_seconds);
   state.counters["ms_per_step"] = 1e3 * step_seconds / static_cast<double>(state.iterations());
@@ -127,6 +133,9 @@ void issue_shape_train_step(benchmark::State& state, bool large) {
   state.counters["model_gflop_per_step"] = flops_per_step / 1e9;
   state.counters["sgemm_gflops"] = sgemm / 1e9;
   state.counters["blas_bound_fraction"] = flops_per_step / sgemm / (step_seconds / steps);
+  state.counters["matmul_share"] =
+      replayed_matmul_seconds(model, shape_batch * shape_seq, state.iterations(), exec) /
+      step_seconds;
 }
 
 // Time to the first step at the GPT-2 124M shape (12 layers, d 768, 12 heads, vocabulary 50257,

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 #include <utility>
@@ -457,4 +458,29 @@ TEST_CASE("embedding_forward is token_embedding_forward then add_position_embedd
     REQUIRE(dtoken_split.data()[i] == dtoken_fused.data()[i]);
   for (std::int64_t i = 0; i < dposition_fused.numel(); ++i)
     REQUIRE(dposition_split.data()[i] == dposition_fused.data()[i]);
+}
+
+TEST_CASE("cross-entropy split over rows gives the one-thread bits and names a bad row",
+          "[kernels][execution][cross_entropy]") {
+  const execution<host> one(1), two(2);
+  const std::int64_t rows = 12, vocab = 1 << 13;  // 8 rows per part at least: two parts
+  const auto logits = random_tensor<float>(shape{rows, vocab}, 5, -4.0, 4.0);
+  const auto targets = random_targets(shape{rows}, vocab, 6, 3, -100);
+  tensor<float, host> lse_one(shape{rows}), lse_two(shape{rows});
+  const auto result_one = k::cross_entropy_forward(one, logits, targets, lse_one, -100);
+  const auto result_two = k::cross_entropy_forward(two, logits, targets, lse_two, -100);
+  REQUIRE(result_one.count == result_two.count);
+  REQUIRE(std::memcmp(&result_one.loss_sum, &result_two.loss_sum, sizeof(double)) == 0);
+  REQUIRE(std::memcmp(lse_one.data(), lse_two.data(), sizeof(float) * rows) == 0);
+  tensor<float, host> d_one(shape{rows, vocab}), d_two(shape{rows, vocab});
+  k::cross_entropy_backward(one, logits, targets, lse_one, d_one, 0.125, -100);
+  k::cross_entropy_backward(two, logits, targets, lse_two, d_two, 0.125, -100);
+  REQUIRE(std::memcmp(d_one.data(), d_two.data(), sizeof(float) * rows * vocab) == 0);
+
+  auto bad = random_targets(shape{rows}, vocab, 6, 3, -100);
+  bad.data()[10] = static_cast<std::int32_t>(vocab);  // a row of the second part
+  REQUIRE_THROWS_WITH(k::cross_entropy_forward(two, logits, bad, lse_two, -100),
+                      Catch::Contains("of row 10 is outside the vocabulary"));
+  REQUIRE_THROWS_WITH(k::cross_entropy_backward(two, logits, bad, lse_two, d_two, 0.125, -100),
+                      Catch::Contains("of row 10 is outside the vocabulary"));
 }

@@ -4,10 +4,14 @@
 #pragma once
 
 #include <quintet/core/error.hpp>
+#include <quintet/kernels/host/workers.hpp>
 #include <quintet/tensor/device.hpp>
 #include <quintet/tensor/device_memory.hpp>
 
 #include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <memory>
 #include <thread>
 
 namespace quintet {
@@ -20,15 +24,17 @@ class execution {
 };
 
 // Under thread_comm the ranks themselves are the parallelism, so each rank's context has one thread
-// (the default); a serial run uses all_cores(). Host kernels other than the BLAS product run on the
-// calling thread; `threads` is what the BLAS product may use (see kernels/host/blas.hpp for how it
-// maps onto OpenBLAS's process-wide setting).
+// (the default); a serial run uses all_cores(). `threads` is what the BLAS product may use (see
+// kernels/host/blas.hpp for how it maps onto OpenBLAS's process-wide setting) and what
+// parallel_for splits the large elementwise loops over (the caller and threads - 1 workers, which
+// copies of the context share). Other host kernels run on the calling thread.
 template <>
 class execution<host> {
  public:
   explicit execution(int threads = 1) : threads_(threads) {
     QUINTET_CHECK(threads >= 1, "a host execution context needs at least one thread, got {}",
                   threads);
+    if (threads > 1) workers_ = std::make_shared<kernels::host_impl::host_workers>(threads - 1);
   }
 
   // Every hardware thread of the machine: for a process that is the only rank.
@@ -38,8 +44,25 @@ class execution<host> {
 
   int threads() const { return threads_; }
 
+  // body(begin, end) over [0, count) in contiguous parts of at least `grain` elements, at most one
+  // per thread, the first on the caller; returns when all are done, rethrowing the first
+  // exception. An elementwise body gives the same bits however the range is split.
+  void parallel_for(std::int64_t count, std::int64_t grain,
+                    const std::function<void(std::int64_t, std::int64_t)>& body) const {
+    QUINTET_CHECK(count >= 0 && grain >= 1, "parallel_for: count {} and grain {}", count, grain);
+    const std::int64_t parts =
+        std::min<std::int64_t>(threads_, std::max<std::int64_t>(1, count / grain));
+    if (parts <= 1) {
+      if (count > 0) body(0, count);
+      return;
+    }
+    workers_->run(static_cast<int>(parts),
+                  [&](int part) { body(count * part / parts, count * (part + 1) / parts); });
+  }
+
  private:
   int threads_;
+  std::shared_ptr<kernels::host_impl::host_workers> workers_;
 };
 
 }  // namespace quintet

@@ -40,15 +40,24 @@ struct optimizer_engine {
 
 template <>
 struct optimizer_engine<host> {
+  // Elements a thread takes at least: the updates stream memory, and below this a wake-up of the
+  // workers costs more than it saves.
+  static constexpr std::int64_t grain = std::int64_t{1} << 16;
+
   template <class T, class Acc>
-  static void adamw(const execution<host>&, T* param, const T* grad, Acc* m, Acc* v,
+  static void adamw(const execution<host>& exec, T* param, const T* grad, Acc* m, Acc* v,
                     std::int64_t count, const host_impl::adamw_constants<Acc>& k) {
-    host_impl::adamw_update(param, grad, m, v, count, k);
+    exec.parallel_for(count, grain, [&](std::int64_t begin, std::int64_t end) {
+      host_impl::adamw_update(param + begin, grad + begin, m + begin, v + begin, end - begin, k);
+    });
   }
   template <class T, class Acc>
-  static void sgd(const execution<host>&, T* param, const T* grad, Acc* buffer, std::int64_t count,
-                  const host_impl::sgd_constants<Acc>& k) {
-    host_impl::sgd_update(param, grad, buffer, count, k);
+  static void sgd(const execution<host>& exec, T* param, const T* grad, Acc* buffer,
+                  std::int64_t count, const host_impl::sgd_constants<Acc>& k) {
+    exec.parallel_for(count, grain, [&](std::int64_t begin, std::int64_t end) {
+      host_impl::sgd_update(param + begin, grad + begin,
+                            buffer != nullptr ? buffer + begin : nullptr, end - begin, k);
+    });
   }
 };
 

@@ -21,37 +21,48 @@ struct cross_entropy_totals {
   std::int64_t count = 0;  // rows whose target is not ignore_index
 };
 
+// lse[r] = log sum_j exp(logits[r, j]) of each row.
 template <class T, class Acc = accumulator_t<T>>
-cross_entropy_totals cross_entropy_forward(const T* logits, const std::int32_t* targets, Acc* lse,
-                                           std::int64_t rows, std::int64_t vocab,
-                                           std::int32_t ignore_index) {
-  cross_entropy_totals totals;
+void cross_entropy_log_sum_exp(const T* logits, Acc* lse, std::int64_t rows, std::int64_t vocab) {
   std::vector<Acc> e(static_cast<std::size_t>(vocab));  // one row's exp(x - max)
   for (std::int64_t r = 0; r < rows; ++r) {
     const T* row = logits + r * vocab;
-    const std::int32_t target = targets[r];
-    QUINTET_CHECK(target == ignore_index || (target >= 0 && target < vocab),
-                  "cross_entropy_forward: target {} of row {} is outside the vocabulary [0, {}) "
-                  "and is not the ignore index {}",
-                  target, r, vocab, ignore_index);
     Acc peak = -std::numeric_limits<Acc>::infinity();
     for (std::int64_t j = 0; j < vocab; ++j) peak = std::max(peak, widen(row[j]));
     Acc* shifted = e.data();
     lane_map(shifted, vocab, [&](std::int64_t j) { return widen(row[j]) - peak; });
     exponentials(shifted, shifted, vocab);
     lse[r] = peak + std::log(lane_sum<Acc>(vocab, [&](std::int64_t j) { return shifted[j]; }));
+  }
+}
+
+// The loss summed over the counted rows in row order, from the rows' log-sum-exp; the targets
+// checked.
+template <class T, class Acc = accumulator_t<T>>
+cross_entropy_totals cross_entropy_totals_of(const T* logits, const std::int32_t* targets,
+                                             const Acc* lse, std::int64_t rows, std::int64_t vocab,
+                                             std::int32_t ignore_index) {
+  cross_entropy_totals totals;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int32_t target = targets[r];
+    QUINTET_CHECK(target == ignore_index || (target >= 0 && target < vocab),
+                  "cross_entropy_forward: target {} of row {} is outside the vocabulary [0, {}) "
+                  "and is not the ignore index {}",
+                  target, r, vocab, ignore_index);
     if (target == ignore_index) continue;
-    totals.loss_sum += static_cast<double>(lse[r]) - static_cast<double>(widen(row[target]));
+    totals.loss_sum +=
+        static_cast<double>(lse[r]) - static_cast<double>(widen(logits[r * vocab + target]));
     ++totals.count;
   }
   return totals;
 }
 
 // dlogits = scale (exp(logits - lse) - onehot(target)); rows with target == ignore_index get 0.
+// The rows are rows first_row, first_row + 1, ... of the batch (as an error names them).
 template <class T, class Acc = accumulator_t<T>>
 void cross_entropy_backward(const T* logits, const std::int32_t* targets, const Acc* lse,
                             T* dlogits, std::int64_t rows, std::int64_t vocab, Acc scale,
-                            std::int32_t ignore_index) {
+                            std::int32_t ignore_index, std::int64_t first_row = 0) {
   std::vector<Acc> e(static_cast<std::size_t>(vocab));  // one row's softmax
   for (std::int64_t r = 0; r < rows; ++r) {
     const T* row = logits + r * vocab;
@@ -63,7 +74,7 @@ void cross_entropy_backward(const T* logits, const std::int32_t* targets, const 
     }
     QUINTET_CHECK(target >= 0 && target < vocab,
                   "cross_entropy_backward: target {} of row {} is outside the vocabulary [0, {})",
-                  target, r, vocab);
+                  target, first_row + r, vocab);
     Acc* shifted = e.data();
     lane_map(shifted, vocab, [&](std::int64_t j) { return widen(row[j]) - lse[r]; });
     exponentials(shifted, shifted, vocab);

@@ -5,9 +5,17 @@
 //                         break one running sum's dependency, and rounding grows with n/16, not n;
 //   lane_map(out, n, f)   out[j] = f(j), each block's 16 values computed before any is stored, so
 //                         out may be one of f's inputs (the same elements, as in-place kernels do).
+// lane_sqrt(block) takes the square roots of one block in place: a loop calling std::sqrt does not
+// vectorise (it may set errno), so on x86 it is the SSE instruction, which rounds as std::sqrt.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <type_traits>
+
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
 
 namespace quintet::kernels::host_impl {
 
@@ -34,6 +42,22 @@ inline void lane_map(T* out, std::int64_t n, Value&& value) {
     for (int lane = 0; lane < sum_lanes; ++lane) out[j + lane] = block[lane];
   }
   for (; j < n; ++j) out[j] = value(j);
+}
+
+template <class Acc>
+inline void lane_sqrt(Acc (&block)[sum_lanes]) {
+#if defined(__SSE2__)
+  if constexpr (std::is_same_v<Acc, float>) {
+    for (int lane = 0; lane < sum_lanes; lane += 4)
+      _mm_storeu_ps(block + lane, _mm_sqrt_ps(_mm_loadu_ps(block + lane)));
+    return;
+  } else if constexpr (std::is_same_v<Acc, double>) {
+    for (int lane = 0; lane < sum_lanes; lane += 2)
+      _mm_storeu_pd(block + lane, _mm_sqrt_pd(_mm_loadu_pd(block + lane)));
+    return;
+  }
+#endif
+  for (int lane = 0; lane < sum_lanes; ++lane) block[lane] = std::sqrt(block[lane]);
 }
 
 }  // namespace quintet::kernels::host_impl

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <quintet/kernels/accumulator.hpp>
+#include <quintet/kernels/host/lanes.hpp>
 
 #include <cmath>
 #include <cstdint>
@@ -17,19 +18,36 @@ struct adamw_constants {
   Acc bias_correction1, bias_correction2;  // 1 - beta1^t, 1 - beta2^t
 };
 
+// In blocks of sum_lanes elements, each block's square roots taken together (lane_sqrt), so the
+// loop vectorises; every element sees the same operations in the same order as one at a time.
 template <class T, class Acc = accumulator_t<T>>
 void adamw_update(T* param, const T* grad, Acc* m, Acc* v, std::int64_t count,
                   const adamw_constants<Acc>& k) {
-  for (std::int64_t i = 0; i < count; ++i) {
-    const Acc g = k.grad_scale * widen(grad[i]);
-    m[i] = k.beta1 * m[i] + (Acc(1) - k.beta1) * g;
-    v[i] = k.beta2 * v[i] + (Acc(1) - k.beta2) * g * g;
-    const Acc m_hat = m[i] / k.bias_correction1;
-    const Acc v_hat = v[i] / k.bias_correction2;
-    const Acc p = widen(param[i]);
-    // Decoupled weight decay (Loshchilov & Hutter): the decay acts on p, not through the moments.
-    param[i] = narrow<T>(p - k.lr * (m_hat / (std::sqrt(v_hat) + k.eps) + k.weight_decay * p));
-  }
+  const auto update = [&](std::int64_t first, int lanes) {
+    Acc m_next[sum_lanes], v_next[sum_lanes], root[sum_lanes] = {};
+    for (int j = 0; j < lanes; ++j) {
+      const Acc g = k.grad_scale * widen(grad[first + j]);
+      m_next[j] = k.beta1 * m[first + j] + (Acc(1) - k.beta1) * g;
+      v_next[j] = k.beta2 * v[first + j] + (Acc(1) - k.beta2) * g * g;
+      root[j] = v_next[j] / k.bias_correction2;  // v_hat
+    }
+    lane_sqrt(root);
+    T p_next[sum_lanes];
+    for (int j = 0; j < lanes; ++j) {
+      const Acc m_hat = m_next[j] / k.bias_correction1;
+      const Acc p = widen(param[first + j]);
+      // Decoupled weight decay (Loshchilov & Hutter): the decay acts on p, not through the moments.
+      p_next[j] = narrow<T>(p - k.lr * (m_hat / (root[j] + k.eps) + k.weight_decay * p));
+    }
+    for (int j = 0; j < lanes; ++j) {
+      m[first + j] = m_next[j];
+      v[first + j] = v_next[j];
+      param[first + j] = p_next[j];
+    }
+  };
+  std::int64_t i = 0;
+  for (; i + sum_lanes <= count; i += sum_lanes) update(i, sum_lanes);
+  if (i < count) update(i, static_cast<int>(count - i));
 }
 
 template <class Acc>
