@@ -1,10 +1,11 @@
 // execution<host>::parallel_for and the host workers behind it: every element covered once in at
 // most `threads` parts of at least `grain`, exceptions carried to the caller, callers from several
-// threads taking turns; and the optimizer updates split over threads giving the one-thread bits
-// (cross-entropy's split: test_cross_entropy_embedding.cpp).
+// threads taking turns; and the optimizer updates split over threads giving the one-thread bits,
+// and the squared norm (cross-entropy's split: test_cross_entropy_embedding.cpp).
 #include "kernel_test_support.hpp"
 
 #include <quintet/kernels/optimizer.hpp>
+#include <quintet/kernels/squared_norm.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -124,4 +125,19 @@ TEST_CASE("AdamW and SGD split over threads give the one-thread bits", "[kernels
   }
   REQUIRE(same_bits(sgd_one, sgd_three));
   REQUIRE(same_bits(buffer_one, buffer_three));
+}
+
+TEST_CASE("the squared norm over threads gives the one-thread bits", "[kernels][execution]") {
+  const execution<host> one(1), two(2), three(3);
+  // 20 chunks and a partial one: the parts split between chunks, never inside one.
+  const auto x = random_tensor<float>(shape{20 * 16384 + 1001}, 7);
+  const double serial = k::squared_norm(one, x);
+  for (const auto* exec : {&two, &three}) {
+    const double split = k::squared_norm(*exec, x);
+    REQUIRE(std::memcmp(&serial, &split, sizeof(double)) == 0);
+  }
+  long double want = 0;
+  for (std::int64_t i = 0; i < x.numel(); ++i)
+    want += static_cast<long double>(x.data()[i]) * static_cast<long double>(x.data()[i]);
+  REQUIRE(serial == Approx(static_cast<double>(want)).epsilon(1e-13));
 }

@@ -1,11 +1,15 @@
-// squared_norm(exec, x): sum of x[i]^2, accumulated in double on the host. Global gradient
-// clipping adds these over every gradient (each element counted once across ranks) and takes
-// the square root. Host only.
+// squared_norm(exec, x): sum of x[i]^2, accumulated in double on the host, in fixed chunks whose
+// sums are added in order (host_impl::squared_norm), the chunks split over the context's threads.
+// Global gradient clipping adds these over every gradient (each element counted once across
+// ranks) and takes the square root. Host only.
 #pragma once
 
 #include <quintet/kernels/execution.hpp>
 #include <quintet/kernels/host/optimizer.hpp>
 #include <quintet/kernels/operand.hpp>
+
+#include <cstdint>
+#include <vector>
 
 namespace quintet::kernels {
 
@@ -17,9 +21,18 @@ struct squared_norm_engine {
 
 template <>
 struct squared_norm_engine<host> {
+  // The chunks' sums over the threads, then added in order: host_impl::squared_norm's bits.
   template <class T>
-  static double run(const execution<host>&, const T* x, std::int64_t count) {
-    return host_impl::squared_norm(x, count);
+  static double run(const execution<host>& exec, const T* x, std::int64_t count) {
+    const std::int64_t chunks = host_impl::squared_norm_chunks(count);
+    if (exec.threads() == 1 || chunks < 8) return host_impl::squared_norm(x, count);
+    std::vector<double> sums(static_cast<std::size_t>(chunks));
+    exec.parallel_for(chunks, 4, [&](std::int64_t first, std::int64_t last) {
+      host_impl::squared_norm_chunk_sums(x, count, first, last, sums.data());
+    });
+    double sum = 0.0;
+    for (const double chunk_sum : sums) sum += chunk_sum;
+    return sum;
   }
 };
 

@@ -6,6 +6,7 @@
 #include <quintet/kernels/accumulator.hpp>
 #include <quintet/kernels/host/lanes.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -71,13 +72,39 @@ void sgd_update(T* param, const T* grad, Acc* buffer, std::int64_t count,
   }
 }
 
+// The squared norm sums in double over fixed chunks of squared_norm_chunk elements from the
+// start of x, each chunk in lanes (lane_sum: 16 partial sums, which also break the dependency of
+// one running sum), and adds the chunks' sums in order. The chunks do not depend on how many
+// threads sum them, so neither do the bits.
+inline constexpr std::int64_t squared_norm_chunk = std::int64_t{1} << 14;
+
+template <class T>
+double squared_norm_of_chunk(const T* x, std::int64_t count) {
+  return lane_sum<double>(count, [&](std::int64_t j) {
+    const double value = static_cast<double>(widen(x[j]));
+    return value * value;
+  });
+}
+
+inline std::int64_t squared_norm_chunks(std::int64_t count) {
+  return (count + squared_norm_chunk - 1) / squared_norm_chunk;
+}
+
+// The sums of chunks [first, last) of x (count elements in all) into sums[first .. last).
+template <class T>
+void squared_norm_chunk_sums(const T* x, std::int64_t count, std::int64_t first, std::int64_t last,
+                             double* sums) {
+  for (std::int64_t c = first; c < last; ++c) {
+    const std::int64_t begin = c * squared_norm_chunk;
+    sums[c] = squared_norm_of_chunk(x + begin, std::min(squared_norm_chunk, count - begin));
+  }
+}
+
 template <class T>
 double squared_norm(const T* x, std::int64_t count) {
   double sum = 0.0;
-  for (std::int64_t i = 0; i < count; ++i) {
-    const double value = static_cast<double>(widen(x[i]));
-    sum += value * value;
-  }
+  for (std::int64_t begin = 0; begin < count; begin += squared_norm_chunk)
+    sum += squared_norm_of_chunk(x + begin, std::min(squared_norm_chunk, count - begin));
   return sum;
 }
 
