@@ -483,4 +483,19 @@ TEST_CASE("cross-entropy split over rows gives the one-thread bits and names a b
                       Catch::Contains("of row 10 is outside the vocabulary"));
   REQUIRE_THROWS_WITH(k::cross_entropy_backward(two, logits, bad, lse_two, d_two, 0.125, -100),
                       Catch::Contains("of row 10 is outside the vocabulary"));
+
+  // Bad targets in two workers' parts (rows 16-31 and 32-47 of three): the lower row is named,
+  // as a loop over the rows in order would.
+  const execution<host> three(3);
+  const std::int64_t more_rows = 48, narrow_vocab = 1 << 12;  // 16 rows per part
+  const auto more_logits = random_tensor<float>(shape{more_rows, narrow_vocab}, 8, -4.0, 4.0);
+  auto two_bad = random_targets(shape{more_rows}, narrow_vocab, 9, 3, -100);
+  two_bad.data()[20] = static_cast<std::int32_t>(narrow_vocab);
+  two_bad.data()[40] = -7;
+  tensor<float, host> more_lse(shape{more_rows}), more_d(shape{more_rows, narrow_vocab});
+  quintet::fill(more_lse, 0.0f);
+  for (int attempt = 0; attempt < 20; ++attempt)
+    REQUIRE_THROWS_WITH(
+        k::cross_entropy_backward(three, more_logits, two_bad, more_lse, more_d, 0.125, -100),
+        Catch::Contains("of row 20 is outside the vocabulary"));
 }

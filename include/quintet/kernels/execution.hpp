@@ -46,13 +46,14 @@ class execution<host> {
 
   // body(begin, end) over [0, count) in contiguous parts of at least `grain` elements, at most one
   // per thread, the first on the caller; returns when all are done, rethrowing the first
-  // exception. An elementwise body gives the same bits however the range is split.
+  // exception (the lowest part's). An elementwise body gives the same bits however the range is
+  // split. The body must not call parallel_for on this context or a copy (they share workers).
   void parallel_for(std::int64_t count, std::int64_t grain,
                     const std::function<void(std::int64_t, std::int64_t)>& body) const {
     QUINTET_CHECK(count >= 0 && grain >= 1, "parallel_for: count {} and grain {}", count, grain);
     const std::int64_t parts =
         std::min<std::int64_t>(threads_, std::max<std::int64_t>(1, count / grain));
-    if (parts <= 1) {
+    if (parts <= 1 || workers_ == nullptr) {  // no workers: a moved-from context
       if (count > 0) body(0, count);
       return;
     }

@@ -1,9 +1,10 @@
 // host_workers: the threads a host execution context with more than one thread lends its kernels
 // besides the caller's. run(parts, task) runs task(0) on the caller and task(1 .. parts - 1) on the
-// workers, and returns once every part is done, rethrowing the first part's exception. Workers
-// sleep on a condition variable between runs (no spinning: on a machine whose every core is busy
-// a spinning worker takes the core from the thread that has work), so a run costs a wake-up, a few
-// microseconds; kernels use it for loops of at least tens of microseconds.
+// workers, and returns once every part is done, rethrowing the exception of the lowest part that
+// threw (what a loop over the parts in order would have met first). Workers sleep on a condition
+// variable between runs (no spinning: on a machine whose every core is busy a spinning worker
+// takes the core from the thread that has work), so a run costs a wake-up, a few microseconds;
+// kernels use it for loops of at least tens of microseconds.
 #pragma once
 
 #include <quintet/core/error.hpp>
@@ -38,7 +39,8 @@ class host_workers {
 
   int workers() const { return static_cast<int>(threads_.size()); }
 
-  // Callers from different threads take turns: one run at a time.
+  // Callers from different threads take turns: one run at a time. A task must not run this pool
+  // again (it would wait for itself).
   void run(int parts, const std::function<void(int)>& task) {
     QUINTET_CHECK(parts >= 1 && parts <= workers() + 1,
                   "host_workers: {} parts for the caller and {} workers", parts, workers());
@@ -49,6 +51,7 @@ class host_workers {
       parts_ = parts;
       pending_ = parts - 1;
       error_ = nullptr;
+      error_part_ = parts;
       ++generation_;
     }
     if (parts > 1) wake_.notify_all();
@@ -61,7 +64,7 @@ class host_workers {
     std::unique_lock lock(mutex_);
     done_.wait(lock, [&] { return pending_ == 0; });
     task_ = nullptr;
-    if (caller_error) std::rethrow_exception(caller_error);
+    if (caller_error) std::rethrow_exception(caller_error);  // part 0: the lowest
     if (error_) std::rethrow_exception(error_);
   }
 
@@ -83,7 +86,10 @@ class host_workers {
         error = std::current_exception();
       }
       lock.lock();
-      if (error && !error_) error_ = error;
+      if (error && part < error_part_) {
+        error_ = error;
+        error_part_ = part;
+      }
       if (--pending_ == 0) done_.notify_one();
     }
   }
@@ -96,7 +102,8 @@ class host_workers {
   int pending_ = 0;
   std::uint64_t generation_ = 0;
   bool stopping_ = false;
-  std::exception_ptr error_;
+  std::exception_ptr error_;  // of part error_part_, the lowest worker part that threw
+  int error_part_ = 0;
   std::vector<std::thread> threads_;  // last: started once the members above exist
 };
 
