@@ -80,6 +80,28 @@ TEST_CASE("parallel_for carries a part's exception to the caller and stays usabl
                       Catch::Contains("parallel_for: count -1"));
 }
 
+TEST_CASE("host workers refuse counts a context never asks for", "[kernels][execution][errors]") {
+  REQUIRE_THROWS_WITH(k::host_impl::host_workers(0),
+                      Catch::Contains("host_workers: 0 worker threads, need at least 1"));
+  k::host_impl::host_workers workers(2);
+  for (const int parts : {0, 4})
+    REQUIRE_THROWS_WITH(workers.run(parts, [](int) {}),
+                        Catch::Contains(fmt::format("host_workers: {} parts for the caller and 2 "
+                                                    "workers",
+                                                    parts)));
+  std::atomic<int> ran{0};
+  workers.run(3, [&](int) { ++ran; });
+  REQUIRE(ran == 3);
+}
+
+TEST_CASE("the grain gives a part at least worth_a_wake_up elements", "[kernels][execution]") {
+  constexpr auto wake = execution<host>::worth_a_wake_up;
+  STATIC_REQUIRE(execution<host>::grain_for(1) == wake);
+  STATIC_REQUIRE(execution<host>::grain_for(wake / 4) == 4);
+  STATIC_REQUIRE(execution<host>::grain_for(3 * wake) == 1);  // one item is already worth it
+  STATIC_REQUIRE(execution<host>::grain_for(0) == wake);      // no size counts as one element
+}
+
 TEST_CASE("copies of a context share its workers and callers on two threads take turns",
           "[kernels][execution]") {
   const execution<host> exec(2);

@@ -48,18 +48,14 @@ struct cross_entropy_engine {
 
 template <>
 struct cross_entropy_engine<host> {
-  // Rows a thread takes at least: enough logits that waking a worker pays.
-  static std::int64_t row_grain(std::int64_t vocab) {
-    return std::max<std::int64_t>(1, (std::int64_t{1} << 16) / std::max<std::int64_t>(1, vocab));
-  }
-
   // The rows' log-sum-exp over the threads, then the loss summed in row order (the same bits for
   // any number of threads).
   template <class T, class Acc>
   static cross_entropy_result forward(const execution<host>& exec, const T* logits,
                                       const std::int32_t* targets, Acc* lse, std::int64_t rows,
                                       std::int64_t vocab, std::int32_t ignore_index) {
-    exec.parallel_for(rows, row_grain(vocab), [&](std::int64_t begin, std::int64_t end) {
+    const std::int64_t grain = execution<host>::grain_for(vocab);  // rows
+    exec.parallel_for(rows, grain, [&](std::int64_t begin, std::int64_t end) {
       host_impl::cross_entropy_log_sum_exp(logits + begin * vocab, lse + begin, end - begin, vocab);
     });
     const auto totals =
@@ -70,7 +66,8 @@ struct cross_entropy_engine<host> {
   static void backward(const execution<host>& exec, const T* logits, const std::int32_t* targets,
                        const Acc* lse, T* dlogits, std::int64_t rows, std::int64_t vocab, Acc scale,
                        std::int32_t ignore_index) {
-    exec.parallel_for(rows, row_grain(vocab), [&](std::int64_t begin, std::int64_t end) {
+    const std::int64_t grain = execution<host>::grain_for(vocab);  // rows
+    exec.parallel_for(rows, grain, [&](std::int64_t begin, std::int64_t end) {
       host_impl::cross_entropy_backward(logits + begin * vocab, targets + begin, lse + begin,
                                         dlogits + begin * vocab, end - begin, vocab, scale,
                                         ignore_index, begin);

@@ -44,6 +44,15 @@ class execution<host> {
 
   int threads() const { return threads_; }
 
+  // Elements of streaming work (a load or two and a store each) a part should hold at least:
+  // below this, waking a worker costs more than it saves.
+  static constexpr std::int64_t worth_a_wake_up = std::int64_t{1} << 16;
+  // The grain (items per part) for items of `elements_per_item` elements each.
+  static constexpr std::int64_t grain_for(std::int64_t elements_per_item) {
+    return std::max<std::int64_t>(1,
+                                  worth_a_wake_up / std::max<std::int64_t>(1, elements_per_item));
+  }
+
   // body(begin, end) over [0, count) in contiguous parts of at least `grain` elements, at most one
   // per thread, the first on the caller; returns when all are done, rethrowing the first
   // exception (the lowest part's). An elementwise body gives the same bits however the range is

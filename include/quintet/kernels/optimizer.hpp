@@ -40,9 +40,7 @@ struct optimizer_engine {
 
 template <>
 struct optimizer_engine<host> {
-  // Elements a thread takes at least: the updates stream memory, and below this a wake-up of the
-  // workers costs more than it saves.
-  static constexpr std::int64_t grain = std::int64_t{1} << 16;
+  static constexpr std::int64_t grain = execution<host>::grain_for(1);
 
   template <class T, class Acc>
   static void adamw(const execution<host>& exec, T* param, const T* grad, Acc* m, Acc* v,

@@ -24,10 +24,11 @@ struct squared_norm_engine<host> {
   // The chunks' sums over the threads, then added in order: host_impl::squared_norm's bits.
   template <class T>
   static double run(const execution<host>& exec, const T* x, std::int64_t count) {
+    constexpr std::int64_t grain = execution<host>::grain_for(host_impl::squared_norm_chunk);
     const std::int64_t chunks = host_impl::squared_norm_chunks(count);
-    if (exec.threads() == 1 || chunks < 8) return host_impl::squared_norm(x, count);
+    if (exec.threads() == 1 || chunks < 2 * grain) return host_impl::squared_norm(x, count);
     std::vector<double> sums(static_cast<std::size_t>(chunks));
-    exec.parallel_for(chunks, 4, [&](std::int64_t first, std::int64_t last) {
+    exec.parallel_for(chunks, grain, [&](std::int64_t first, std::int64_t last) {
       host_impl::squared_norm_chunk_sums(x, count, first, last, sums.data());
     });
     double sum = 0.0;

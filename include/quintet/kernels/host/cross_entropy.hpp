@@ -21,6 +21,15 @@ struct cross_entropy_totals {
   std::int64_t count = 0;  // rows whose target is not ignore_index
 };
 
+// A target is a vocabulary id or the ignore index; the error names the kernel and the batch row.
+inline void check_target(const char* kernel, std::int32_t target, std::int64_t row,
+                         std::int64_t vocab, std::int32_t ignore_index) {
+  QUINTET_CHECK(target == ignore_index || (target >= 0 && target < vocab),
+                "{}: target {} of row {} is outside the vocabulary [0, {}) and is not the ignore "
+                "index {}",
+                kernel, target, row, vocab, ignore_index);
+}
+
 // lse[r] = log sum_j exp(logits[r, j]) of each row.
 template <class T, class Acc = accumulator_t<T>>
 void cross_entropy_log_sum_exp(const T* logits, Acc* lse, std::int64_t rows, std::int64_t vocab) {
@@ -45,10 +54,7 @@ cross_entropy_totals cross_entropy_totals_of(const T* logits, const std::int32_t
   cross_entropy_totals totals;
   for (std::int64_t r = 0; r < rows; ++r) {
     const std::int32_t target = targets[r];
-    QUINTET_CHECK(target == ignore_index || (target >= 0 && target < vocab),
-                  "cross_entropy_forward: target {} of row {} is outside the vocabulary [0, {}) "
-                  "and is not the ignore index {}",
-                  target, r, vocab, ignore_index);
+    check_target("cross_entropy_forward", target, r, vocab, ignore_index);
     if (target == ignore_index) continue;
     totals.loss_sum +=
         static_cast<double>(lse[r]) - static_cast<double>(widen(logits[r * vocab + target]));
@@ -72,9 +78,7 @@ void cross_entropy_backward(const T* logits, const std::int32_t* targets, const 
       std::fill(out, out + vocab, T(0.0f));
       continue;
     }
-    QUINTET_CHECK(target >= 0 && target < vocab,
-                  "cross_entropy_backward: target {} of row {} is outside the vocabulary [0, {})",
-                  target, first_row + r, vocab);
+    check_target("cross_entropy_backward", target, first_row + r, vocab, ignore_index);
     Acc* shifted = e.data();
     lane_map(shifted, vocab, [&](std::int64_t j) { return widen(row[j]) - lse[r]; });
     exponentials(shifted, shifted, vocab);
@@ -130,10 +134,7 @@ cross_entropy_totals cross_entropy_shard_finish(const std::int32_t* targets, con
   cross_entropy_totals totals;
   for (std::int64_t r = 0; r < rows; ++r) {
     const std::int32_t target = targets[r];
-    QUINTET_CHECK(target == ignore_index || (target >= 0 && target < vocab),
-                  "vocab-parallel cross_entropy: target {} of row {} is outside the vocabulary "
-                  "[0, {}) and is not the ignore index {}",
-                  target, r, vocab, ignore_index);
+    check_target("vocab-parallel cross_entropy", target, r, vocab, ignore_index);
     lse[r] = row_max[r] + std::log(partials[2 * r]);
     if (target == ignore_index) continue;
     totals.loss_sum += static_cast<double>(lse[r]) - static_cast<double>(partials[2 * r + 1]);
