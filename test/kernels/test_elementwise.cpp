@@ -119,6 +119,24 @@ TEST_CASE("add and scale equal the double formulas, in place too", "[kernels][el
   require_close(h, hd, 0.0, 0.0, "bf16 scale");
 }
 
+TEST_CASE("fill sets every element, split over the context's threads or not",
+          "[kernels][elementwise]") {
+  // Large enough for two parts of worth_a_wake_up each, and an odd length so the parts differ.
+  const std::int64_t n = 2 * execution<host>::worth_a_wake_up + 3;
+  for (const int threads : {1, 2}) {
+    const execution<host> exec(threads);
+    auto x = random_tensor<float>(shape{n}, 5);
+    k::fill(exec, x, -1.5f);
+    for (std::int64_t i = 0; i < n; ++i) REQUIRE(x.data()[i] == -1.5f);
+    // A view fills only its elements.
+    auto y = random_tensor<double>(shape{4, 9}, 6);
+    const double kept = y.data()[35];
+    k::fill(exec, quintet::slice(y, 0, 0, 3), 0.0);
+    for (std::int64_t i = 0; i < 27; ++i) REQUIRE(y.data()[i] == 0.0);
+    CHECK(y.data()[35] == kept);
+  }
+}
+
 TEST_CASE("convert widens exactly and narrows to the nearest 16-bit value",
           "[kernels][elementwise]") {
   const execution<host> exec;

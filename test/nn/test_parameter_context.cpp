@@ -551,3 +551,71 @@ TEST_CASE("parameter_registry: buckets of a size limit, padded to split over the
     });
   }
 }
+
+TEST_CASE("parameter_registry: deferred storage draws each parameter in its bucket, the same bits",
+          "[nn][parameter][flatten]") {
+  using quintet::nn::bucket_layout;
+  using quintet::nn::parameter_storage;
+  // Two ranks' worth of registries (tp rank 1 of 2 under megatron_sp's rule, dp 2 shardable
+  // buckets): the deferred one's values equal the immediate one's, bit for bit, and its gradients
+  // and padding are zero.
+  quintet::parallel::mesh_position position{};
+  quintet::parallel::position_on(position, mesh_axis::tp) = {.degree = 2, .coordinate = 1};
+  quintet::parallel::position_on(position, mesh_axis::dp) = {.degree = 2, .coordinate = 0};
+  parameter_registry<float, host> immediate(9, position, &megatron_sp_plan::partial_gradient_axes);
+  parameter_registry<float, host> deferred(9, position, &megatron_sp_plan::partial_gradient_axes,
+                                           parameter_storage::deferred);
+  const placement tp_rows = placement::replicated().sharded(mesh_axis::tp, 0);
+  for (auto* registry : {&immediate, &deferred}) {
+    registry->add("qkv.weight", shape{6, 40}, initializer::normal(0.02), tp_rows);
+    registry->add("ln.weight", shape{33}, initializer::constant(1.0));
+    registry->add("ln.bias", shape{7}, initializer::uniform(-1.0, 1.0),
+                  placement::replicated().partial({mesh_axis::dp}));
+    registry->add("fc.weight", shape{50, 3}, initializer::normal(1.0), tp_rows);
+  }
+  CHECK(immediate.has_storage());
+  REQUIRE_FALSE(deferred.has_storage());
+  // Before flatten: shapes known, no storage.
+  auto& qkv = deferred.find("qkv.weight");
+  CHECK(qkv.local_shape() == shape{3, 40});
+  CHECK(qkv.value.data() == nullptr);
+  CHECK(qkv.grad.data() == nullptr);
+  CHECK(deferred.global_numel() == immediate.global_numel());
+
+  const bucket_layout layout{.max_elements = 160, .shardable = true};
+  immediate.flatten(layout);
+  deferred.flatten(layout);
+  REQUIRE(deferred.has_storage());
+  auto& expected = immediate.buckets();
+  auto& got = deferred.buckets();
+  REQUIRE(got.size() == expected.size());
+  REQUIRE(got.size() >= 3);  // qkv and fc in separate buckets of at most 160
+  for (std::size_t b = 0; b < got.size(); ++b) {
+    INFO("bucket " << b);
+    REQUIRE(got[b].values.numel() == expected[b].values.numel());
+    CHECK(got[b].offsets == expected[b].offsets);
+    CHECK(std::memcmp(got[b].values.data(), expected[b].values.data(), got[b].values.bytes()) == 0);
+    for (std::int64_t k = 0; k < got[b].grads.numel(); ++k) REQUIRE(got[b].grads.data()[k] == 0);
+  }
+  // The references add() returned follow their parameters into the buckets, values drawn.
+  CHECK(qkv.value.data() == got[0].values.data());
+  CHECK(qkv.value.shape() == shape{3, 40});
+  CHECK(qkv.value(2, 39) == immediate.find("qkv.weight").value(2, 39));
+  CHECK(qkv.value(2, 39) != 0.0f);
+  CHECK(deferred.find("ln.weight").value(32) == 1.0f);
+  REQUIRE_THROWS_WITH(deferred.add("late", shape{2}, initializer::constant(1.0)),
+                      Catch::Contains("'late' is added after the parameters were flattened"));
+}
+
+TEST_CASE("parameter_registry: a deferred registry's zero_grad flattens it first",
+          "[nn][parameter][flatten]") {
+  parameter_registry<double, host> registry(4, quintet::nn::parameter_storage::deferred);
+  auto& w = registry.add("w", shape{5, 3}, initializer::normal(1.0));
+  registry.zero_grad();
+  REQUIRE(registry.flattened());
+  REQUIRE(w.grad.data() != nullptr);
+  for (std::int64_t i = 0; i < w.grad.numel(); ++i) CHECK(w.grad.data()[i] == 0.0);
+  parameter_registry<double, host> reference(4);
+  const auto& r = reference.add("w", shape{5, 3}, initializer::normal(1.0));
+  CHECK(std::memcmp(w.value.data(), r.value.data(), r.value.bytes()) == 0);
+}

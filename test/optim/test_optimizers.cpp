@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <limits>
+#include <utility>
 #include <vector>
 
 using quintet::host;
@@ -262,6 +263,41 @@ TEST_CASE("AdamW reading an owned range's gradient from a buffer of its own (ZeR
   quintet::tensor<double, host> wrong(shape{5});
   REQUIRE_THROWS_WITH(fresh.own("fc.weight", {0, 4}, wrong.view()),
                       Catch::Contains("a gradient of 5 elements for the range [0, 4)"));
+}
+
+TEST_CASE("AdamW allocates its moments when first used, zeroed", "[optim][adamw]") {
+  // Building the optimizer holds no moments; state_bytes counts what it will hold; the first step
+  // (or a checkpoint asking for the state) allocates them, zero before any update.
+  const quintet::kernels::adamw_hyperparameters hp{.lr = 0.1, .weight_decay = 0.3};
+  parameter_registry<double, host> registry(6), reference(6);
+  make_parameters(registry);
+  make_parameters(reference);
+  quintet::optim::adamw<double, host> lazy(registry, exec, hp), plain(reference, exec, hp);
+  const auto& untouched = std::as_const(lazy).state("fc.weight");
+  CHECK(untouched.m.data() == nullptr);
+  CHECK(untouched.shape == shape{3, 4});
+  CHECK(lazy.state_bytes() == 2 * (12 + 3 + 6) * std::int64_t(sizeof(double)));
+  // Owning a range never allocates the whole parameter's moments.
+  lazy.own("fc.weight", {2, 12});
+  CHECK(std::as_const(lazy).state("fc.weight").m.data() == nullptr);
+  CHECK(lazy.state_bytes() == 2 * (10 + 3 + 6) * std::int64_t(sizeof(double)));
+  auto& asked = lazy.state("fc.bias");
+  REQUIRE(asked.m.shape() == shape{3});
+  for (std::int64_t i = 0; i < 3; ++i)
+    CHECK((asked.m.data()[i] == 0.0 && asked.v.data()[i] == 0.0));
+  plain.own("fc.weight", {2, 12});
+  for (int t = 1; t <= 2; ++t) {
+    random_gradients(registry, t);
+    random_gradients(reference, t);
+    lazy.step(0.1);
+    plain.step(0.1);
+  }
+  CHECK(std::as_const(lazy).state("fc.weight").m.shape() == shape{10});
+  for (auto& p : reference) {
+    const auto& q = registry.find(p.name);
+    for (std::int64_t e = 0; e < p.value.numel(); ++e)
+      REQUIRE(q.value.data()[e] == p.value.data()[e]);
+  }
 }
 
 TEST_CASE("optimizers reject bad hyperparameters", "[optim]") {

@@ -1,5 +1,5 @@
 // Elementwise kernels a transformer layer needs around its matrix products: bias add and the bias
-// gradient, GELU (tanh form) forward and backward, residual add, scale, and convert between
+// gradient, GELU (tanh form) forward and backward, residual add, scale, fill, and convert between
 // floating types, and accumulate a narrower tensor into a wider sum. All operands contiguous.
 // Parameter gradients (bias_grad) accumulate into their tensor; activation gradients overwrite.
 #pragma once
@@ -12,6 +12,7 @@
 #include <quintet/kernels/operand.hpp>
 #include <quintet/tensor/device.hpp>
 
+#include <algorithm>
 #include <concepts>
 #include <type_traits>
 
@@ -22,7 +23,7 @@ template <class Device>
 struct elementwise_engine {
   static_assert(
       quintet::detail::always_false<Device>,
-      "bias_add, bias_grad, gelu_forward, gelu_backward, add, scale, convert and accumulate "
+      "bias_add, bias_grad, gelu_forward, gelu_backward, add, scale, fill, convert and accumulate "
       "have only a host implementation: their CUDA twins are not written yet");
 };
 
@@ -54,6 +55,14 @@ struct elementwise_engine<host> {
   template <class T>
   static void scale(const execution<host>&, T* x, accumulator_t<T> alpha, std::int64_t count) {
     host_impl::scale(x, alpha, count);
+  }
+  // Over the context's threads: a large fill is mostly first touches of fresh pages, which two
+  // threads take in about half the time.
+  template <class T>
+  static void fill(const execution<host>& exec, T* x, T value, std::int64_t count) {
+    exec.parallel_for(
+        count, execution<host>::grain_for(1),
+        [&](std::int64_t begin, std::int64_t end) { std::fill(x + begin, x + end, value); });
   }
   template <class From, class To>
   static void convert(const execution<host>&, const From* in, To* out, std::int64_t count) {
@@ -149,6 +158,15 @@ void scale(const execution<Device>& exec, X&& x, double alpha) {
   require_contiguous(xv, "scale", "x");
   using acc = accumulator_t<typename decltype(xv)::value_type>;
   elementwise_engine<Device>::scale(exec, xv.data(), static_cast<acc>(alpha), xv.numel());
+}
+
+// x = value everywhere.
+template <device_tag Device, class X>
+void fill(const execution<Device>& exec, X&& x, typename std::remove_cvref_t<X>::value_type value) {
+  const auto xv = output_view(x);
+  detail::check_operand_types<Device, decltype(xv)>();
+  require_contiguous(xv, "fill", "x");
+  elementwise_engine<Device>::fill(exec, xv.data(), value, xv.numel());
 }
 
 // out = in, element by element, in out's floating type (float, double, bf16, half): exact when

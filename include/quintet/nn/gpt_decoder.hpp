@@ -211,16 +211,16 @@ class gpt_decoder {
   void check_shapes() const {
     const std::int64_t d = config_.d_model, hidden = config_.hidden();
     const auto require = [](const parameter<T, Device>* p, const shape& expected) {
-      QUINTET_CHECK(p->value.shape() == expected,
+      QUINTET_CHECK(p->local_shape() == expected,
                     "gpt_decoder: parameter '{}' has shape {} on this rank, expected {} (a "
                     "registry of another plan or degree?)",
-                    p->name, p->value.shape(), expected);
+                    p->name, p->local_shape(), expected);
     };
     require(token_table_, shape{shard_.columns, d});
     require(head_, shape{shard_.columns, d});
-    QUINTET_CHECK(position_table_->value.shape()[0] >= config_.max_seq,
+    QUINTET_CHECK(position_table_->local_shape()[0] >= config_.max_seq,
                   "gpt_decoder: the position table has {} rows, fewer than max_seq {}",
-                  position_table_->value.shape()[0], config_.max_seq);
+                  position_table_->local_shape()[0], config_.max_seq);
     for (const auto& b : blocks_) {
       require(b.qkv.weight, shape{3, width_, d});
       require(b.attention_proj.weight, shape{d, width_});

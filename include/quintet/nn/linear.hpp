@@ -51,9 +51,9 @@ class linear {
                                            weight_decay::exempt)
                            : nullptr) {
     // The local matrix this rank multiplies by: (out, in) of its part of W.
-    const shape& local = weight_.value.shape();
+    const shape local = weight_.local_shape();
     in_ = local[local.rank() - 1];
-    out_ = weight_.value.numel() / in_;
+    out_ = local.numel() / in_;
   }
 
   // The layer keeps a reference to the execution context: it must outlive the layer.

@@ -12,6 +12,10 @@
 //   bucket {partial: tp}   [ ln1.weight | pad | ln1.bias | pad | proj.bias | ... ]
 // Each parameter starts on a 64-byte boundary, as its own allocation did, so kernels see the same
 // alignment (and give the same bits) before and after.
+// A registry that defers storage (the trainer's: it flattens as soon as the model is built) gives
+// parameters no storage of their own: add() records the initialiser, the views stay empty, and
+// flatten() draws each parameter's values in place in its bucket — the same bits, since the draw
+// is keyed by global index, without a second copy of the model in memory.
 //
 // Data parallelism asks for more (flatten(bucket_layout)): buckets of at most `max_elements`,
 // cut at parameter boundaries, so the first ones backward completes are reduced while the rest
@@ -23,6 +27,8 @@
 #include <quintet/core/error.hpp>
 #include <quintet/core/philox.hpp>
 #include <quintet/core/shape.hpp>
+#include <quintet/kernels/elementwise.hpp>
+#include <quintet/kernels/execution.hpp>
 #include <quintet/mesh/device_mesh.hpp>
 #include <quintet/mesh/mesh_axis.hpp>
 #include <quintet/parallel/placement.hpp>
@@ -42,6 +48,7 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -73,6 +80,10 @@ struct parameter {
   quintet::tensor_view<T, Device> value;  // local_shape(local)
   quintet::tensor_view<T, Device> grad;   // same shape, accumulated by backward
   nn::weight_decay decay = nn::weight_decay::apply;
+
+  // The shape of this rank's block, whether or not its views have storage now (a deferred or
+  // released buffer leaves them empty).
+  quintet::shape local_shape() const { return local.local_shape(); }
 };
 
 // Parameters flattened together: the same axes their gradient is partial over (and the registry's
@@ -99,6 +110,9 @@ struct bucket_layout {
   friend bool operator==(const bucket_layout&, const bucket_layout&) = default;
 };
 
+// Whether add() gives each parameter storage at once, or flatten() does (see above).
+enum class parameter_storage : std::uint8_t { immediate, deferred };
+
 template <class T, class Device>
 class parameter_registry {
  public:
@@ -107,26 +121,32 @@ class parameter_registry {
 
   // The serial model's registry: every degree 1, nothing partial. `seed` keys every parameter's
   // initialisation.
-  explicit parameter_registry(std::uint64_t seed) : seed_(seed) {}
+  explicit parameter_registry(std::uint64_t seed,
+                              parameter_storage storage = parameter_storage::immediate)
+      : seed_(seed), storage_(storage) {}
 
   // A rank's registry under a plan: its place on `mesh` picks the block of each parameter it
   // holds, and the plan says which gradients backward leaves partial (Plan{} is a tag).
   template <class Plan, mesh_like Mesh>
-  parameter_registry(std::uint64_t seed, const Mesh& mesh, Plan)
+  parameter_registry(std::uint64_t seed, const Mesh& mesh, Plan,
+                     parameter_storage storage = parameter_storage::immediate)
       : seed_(seed),
+        storage_(storage),
         position_(parallel::position_in(mesh.layout(), mesh.world_rank())),
         partial_(&Plan::partial_gradient_axes) {}
 
   // The same from a position given by hand (unit tests of placement without a mesh).
   parameter_registry(std::uint64_t seed, parallel::mesh_position position,
-                     partial_rule partial = nullptr)
-      : seed_(seed), position_(position), partial_(partial) {}
+                     partial_rule partial = nullptr,
+                     parameter_storage storage = parameter_storage::immediate)
+      : seed_(seed), storage_(storage), position_(position), partial_(partial) {}
 
   parameter_registry(const parameter_registry&) = delete;
   parameter_registry& operator=(const parameter_registry&) = delete;
 
-  // Creates, initialises and zero-grads a parameter. The returned reference stays valid for the
-  // registry's lifetime (layers keep it); its value and grad views follow flatten().
+  // Creates, initialises and zero-grads a parameter (deferred: records how, for flatten() to do
+  // it). The returned reference stays valid for the registry's lifetime (layers keep it); its
+  // value and grad views follow flatten().
   parameter<T, Device>& add(std::string name, shape global, initializer init,
                             parallel::placement where = parallel::placement::replicated(),
                             weight_decay decay = weight_decay::apply) {
@@ -144,22 +164,17 @@ class parameter_registry {
                   "parameter_registry: '{}' is sharded over {} and its gradient partial over {}",
                   name, name_of(where.sharded_axes()), name_of(where.partial_axes()));
     const region local = where.local_region(global, position_);
+    if (storage_ == parameter_storage::deferred) {
+      parameter<T, Device>& p = parameters_.emplace_back(
+          parameter<T, Device>{std::move(name), global, where, local, {}, {}, decay});
+      pending_.emplace(&p, init);
+      return p;
+    }
     auto& storage = own_storage_.emplace_back(quintet::tensor<T, Device>(local.local_shape()),
                                               quintet::tensor<T, Device>(local.local_shape()));
     parameter<T, Device>& p = parameters_.emplace_back(parameter<T, Device>{
         std::move(name), global, where, local, storage.first.view(), storage.second.view(), decay});
-    const rng_key key{.seed = seed_, .stream = rng_stream_for(p.name)};
-    switch (init.type) {
-      case initializer::kind::normal:
-        fill_normal(p.value, key, init.a, init.b, local);
-        break;
-      case initializer::kind::uniform:
-        fill_uniform(p.value, key, init.a, init.b, local);
-        break;
-      case initializer::kind::constant:
-        fill(p.value, static_cast<T>(init.a));
-        break;
-    }
+    initialize(p.value, p, init);
     fill(p.grad, T(0));
     return p;
   }
@@ -170,15 +185,18 @@ class parameter_registry {
     QUINTET_FAIL("parameter_registry: no parameter named '{}'", name);
   }
 
-  // Zero gradients (made again first, after release_gradients()).
-  void zero_grad() {
+  // Zero gradients (made again first, after release_gradients(); a deferred registry is
+  // flattened first). The buckets are filled over the context's threads.
+  void zero_grad() { zero_grad(execution<Device>{}); }
+  void zero_grad(const execution<Device>& exec) {
+    if (!has_storage()) flatten(bucket_layout{}, exec);
     if (!buckets_.empty()) {
       for (auto& bucket : buckets_) {
         if (gradients_released_) {
           bucket.grads = quintet::tensor<T, Device>(shape{flat_elements(bucket)});
           point_gradients(bucket);
         }
-        fill(bucket.grads, T(0));
+        kernels::fill(exec, bucket.grads, T(0));
       }
       gradients_released_ = false;
       return;
@@ -223,13 +241,16 @@ class parameter_registry {
   }
 
   // Moves every parameter's value and gradient into its bucket's flat buffers (bit for bit) and
-  // frees their own storage. Once flattened, no parameter can be added. Idempotent.
-  // flatten() keeps whatever layout the registry already has; flatten(layout) insists on its own
-  // (a registry flattened before with another layout is an error, not silently kept).
-  void flatten() {
-    if (buckets_.empty()) flatten(bucket_layout{});
+  // frees their own storage (deferred: initialises them there). Once flattened, no parameter can be
+  // added. Idempotent. flatten() keeps whatever layout the registry already has; flatten(layout)
+  // insists on its own (a registry flattened before with another layout is an error, not silently
+  // kept). The large fills (a deferred registry's gradients) run over `exec`'s threads.
+  void flatten() { flatten(execution<Device>{}); }
+  void flatten(const execution<Device>& exec) {
+    if (buckets_.empty()) flatten(bucket_layout{}, exec);
   }
-  void flatten(const bucket_layout& layout) {
+  void flatten(const bucket_layout& layout) { flatten(layout, execution<Device>{}); }
+  void flatten(const bucket_layout& layout, const execution<Device>& exec) {
     QUINTET_CHECK(layout.max_elements >= 0, "parameter_registry: buckets of at most {} elements",
                   layout.max_elements);
     if (!buckets_.empty()) {
@@ -261,7 +282,7 @@ class parameter_registry {
       std::vector<std::vector<parameter<T, Device>*>> runs(1);
       std::int64_t run_elements = 0;
       for (auto* p : members[b]) {
-        const std::int64_t n = aligned(p->value.numel());
+        const std::int64_t n = aligned(p->local_shape().numel());
         const bool new_piece = !runs.back().empty() &&
                                piece(layout, runs.back().back()->name) != piece(layout, p->name);
         if (!runs.back().empty() &&
@@ -279,26 +300,33 @@ class parameter_registry {
         for (auto* p : run) {
           bucket.parameters.push_back(p);
           bucket.offsets.push_back(total);
-          total += aligned(p->value.numel());
+          total += aligned(p->local_shape().numel());
         }
         total = split_evenly(total, keys[b]);
         bucket.values = quintet::tensor<T, Device>(shape{total});
         bucket.grads = quintet::tensor<T, Device>(shape{total});
-        // Each element written once: the parameters' values and gradients copied, the padding
-        // after each (and the bucket's tail) zeroed.
+        const bool deferred = storage_ == parameter_storage::deferred;
+        if (deferred) kernels::fill(exec, bucket.grads, T(0));
+        // Each element written once: the parameters' values and gradients copied (deferred: the
+        // values drawn, the gradients zeroed above), the padding after each (and the bucket's
+        // tail) zeroed.
         const auto zero_padding = [&](std::int64_t begin, std::int64_t end) {
           if (begin == end) return;
           fill(slice(bucket.values, 0, begin, end), T(0));
-          fill(slice(bucket.grads, 0, begin, end), T(0));
+          if (!deferred) fill(slice(bucket.grads, 0, begin, end), T(0));
         };
         for (std::size_t i = 0; i < bucket.parameters.size(); ++i) {
           parameter<T, Device>& p = *bucket.parameters[i];
-          const shape local = p.value.shape();
+          const shape local = p.local_shape();
           const std::int64_t begin = bucket.offsets[i], n = local.numel();
           const auto value = reshape(slice(bucket.values, 0, begin, begin + n), local);
           const auto grad = reshape(slice(bucket.grads, 0, begin, begin + n), local);
-          copy(value, p.value);
-          copy(grad, p.grad);
+          if (deferred) {
+            initialize(value, p, pending_.at(&p));
+          } else {
+            copy(value, p.value);
+            copy(grad, p.grad);
+          }
           p.value = value;
           p.grad = grad;
           zero_padding(begin + n, i + 1 < bucket.parameters.size() ? bucket.offsets[i + 1] : total);
@@ -307,6 +335,7 @@ class parameter_registry {
     }
     buckets_ = std::move(buckets);
     own_storage_.clear();
+    pending_.clear();
   }
 
   // The flat buckets (flattening first if needed).
@@ -315,6 +344,11 @@ class parameter_registry {
     return buckets_;
   }
   bool flattened() const { return !buckets_.empty(); }
+  // Whether the parameters' views have storage: always, unless the registry defers it and has
+  // not been flattened yet.
+  bool has_storage() const {
+    return storage_ == parameter_storage::immediate || flattened() || parameters_.empty();
+  }
 
   // Elements of the serial model's parameters (each counted once, whatever the placement).
   std::int64_t global_numel() const {
@@ -342,6 +376,23 @@ class parameter_registry {
   static constexpr std::int64_t per_line = std::max<std::int64_t>(1, 64 / sizeof(T));
   // Elements rounded up to a 64-byte boundary.
   static std::int64_t aligned(std::int64_t n) { return (n + per_line - 1) / per_line * per_line; }
+
+  // Draws a parameter's initial values into `value` (its local block, wherever it lives).
+  void initialize(quintet::tensor_view<T, Device> value, const parameter<T, Device>& p,
+                  const initializer& init) const {
+    const rng_key key{.seed = seed_, .stream = rng_stream_for(p.name)};
+    switch (init.type) {
+      case initializer::kind::normal:
+        fill_normal(value, key, init.a, init.b, p.local);
+        break;
+      case initializer::kind::uniform:
+        fill_uniform(value, key, init.a, init.b, p.local);
+        break;
+      case initializer::kind::constant:
+        fill(value, static_cast<T>(init.a));
+        break;
+    }
+  }
 
   static int piece(const bucket_layout& layout, std::string_view name) {
     const auto found = layout.piece_of.find(name);
@@ -377,11 +428,14 @@ class parameter_registry {
   }
 
   std::uint64_t seed_;
+  parameter_storage storage_ = parameter_storage::immediate;
   parallel::mesh_position position_{};
   partial_rule partial_ = nullptr;
   std::deque<parameter<T, Device>> parameters_;  // a deque never moves its elements
   // Each parameter's (value, grad) storage until flatten().
   std::deque<std::pair<quintet::tensor<T, Device>, quintet::tensor<T, Device>>> own_storage_;
+  // Deferred: each parameter's initialiser until flatten().
+  std::unordered_map<const parameter<T, Device>*, initializer> pending_;
   std::deque<parameter_bucket<T, Device>> buckets_;
   bucket_layout layout_{};
   bool gradients_released_ = false;

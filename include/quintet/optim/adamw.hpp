@@ -8,6 +8,10 @@
 // keeps the reduced gradient of that range apart from the parameter's (its shard of the bucket):
 // own(name, range, gradient) reads it from there; ZeRO-3 keeps the range's values apart too (the
 // whole parameter exists only while a layer uses it): own(name, range, gradient, value).
+//
+// The moments are allocated when first used (the first step, or a checkpoint restoring them) and
+// zeroed over the context's threads: building the optimizer touches no memory, and a rank that
+// owns a range never holds the whole parameter's moments.
 #pragma once
 
 #include <quintet/core/error.hpp>
@@ -34,9 +38,12 @@ class adamw {
   using state_type = kernels::accumulator_t<T>;
 
  public:
-  // One parameter's moments over `range` of its flattened elements (the whole: shaped like it).
+  // One parameter's moments over `range` of its flattened elements (the whole: shaped like it);
+  // m and v are empty until first used.
   struct moments {
     quintet::tensor<state_type, Device> m, v;
+    quintet::shape shape;  // of m and v once allocated
+    bool allocated = false;
     parallel::flat_range range;
     bool whole = true;
     tensor_view<T, Device> gradient{};  // the range's gradient, when not the parameter's own
@@ -55,11 +62,8 @@ class adamw {
                   hyperparameters.weight_decay);
     for (auto& p : registry_) {
       moments& state = states_[p.name];
-      state.m = quintet::tensor<state_type, Device>(p.value.shape());
-      state.v = quintet::tensor<state_type, Device>(p.value.shape());
-      state.range = {0, p.value.numel()};
-      fill(state.m, state_type(0));
-      fill(state.v, state_type(0));
+      state.shape = p.local_shape();
+      state.range = {0, state.shape.numel()};
     }
   }
   adamw(nn::parameter_registry<T, Device>&, const execution<Device>&&,
@@ -71,8 +75,8 @@ class adamw {
   // `value`, when given, that range's values (which the update then writes there).
   void own(std::string_view name, parallel::flat_range range, tensor_view<T, Device> gradient = {},
            tensor_view<T, Device> value = {}) {
-    moments& state = find(name);
-    const shape local = registry_.find(name).local.local_shape();
+    moments& state = lookup(name);
+    const shape local = registry_.find(name).local_shape();
     const std::int64_t numel = local.numel();
     QUINTET_CHECK(0 <= range.begin && range.begin <= range.end && range.end <= numel,
                   "adamw: range [{}, {}) is outside parameter '{}' of {} elements", range.begin,
@@ -92,11 +96,10 @@ class adamw {
     state.whole = range.begin == 0 && range.end == numel && state.gradient.data() == nullptr &&
                   state.value.data() == nullptr;
     // The whole parameter keeps moments of its shape (the update sees them beside the value).
-    const shape moments_shape = state.whole ? local : shape{range.size()};
-    state.m = quintet::tensor<state_type, Device>(moments_shape);
-    state.v = quintet::tensor<state_type, Device>(moments_shape);
-    fill(state.m, state_type(0));
-    fill(state.v, state_type(0));
+    state.shape = state.whole ? local : shape{range.size()};
+    state.m = {};
+    state.v = {};
+    state.allocated = false;
   }
 
   // One update of every parameter's owned range with learning rate `lr` and gradient
@@ -122,32 +125,47 @@ class adamw {
     }
   }
 
+  // The moments as they stand, for a checkpoint to save or restore them (allocated here if the
+  // first step has not: zero).
+  moments& state(std::string_view name) { return find(name); }
+  // The same without allocating: m and v are empty until the first step or the call above.
   const moments& state(std::string_view name) const {
     const auto found = states_.find(name);
     QUINTET_CHECK(found != states_.end(), "adamw: no state for parameter '{}'", name);
     return found->second;
   }
-  // The moments as they stand, for a checkpoint to restore them.
-  moments& state(std::string_view name) { return find(name); }
   std::int64_t steps() const { return steps_; }
   // Continue as if `steps` updates had been taken (the moments restored by the caller).
   void restore_steps(std::int64_t steps) {
     QUINTET_CHECK(steps >= 0, "adamw: {} steps taken is negative", steps);
     steps_ = steps;
   }
-  // Bytes of the moments this optimizer holds (both, every parameter's owned range).
+  // Bytes of the moments this optimizer keeps (both, every parameter's owned range), whether or
+  // not they are allocated yet.
   std::int64_t state_bytes() const {
     std::int64_t bytes = 0;
     for (const auto& [name, state] : states_)
-      bytes += (state.m.numel() + state.v.numel()) * static_cast<std::int64_t>(sizeof(state_type));
+      bytes += 2 * state.shape.numel() * static_cast<std::int64_t>(sizeof(state_type));
     return bytes;
   }
 
  private:
-  moments& find(std::string_view name) {
+  moments& lookup(std::string_view name) {
     const auto found = states_.find(name);
     QUINTET_CHECK(found != states_.end(), "adamw: no state for parameter '{}'", name);
     return found->second;
+  }
+  // A parameter's moments, allocated and zeroed if they were not yet.
+  moments& find(std::string_view name) {
+    moments& state = lookup(name);
+    if (!state.allocated) {
+      state.m = quintet::tensor<state_type, Device>(state.shape);
+      state.v = quintet::tensor<state_type, Device>(state.shape);
+      kernels::fill(exec_, state.m, state_type(0));
+      kernels::fill(exec_, state.v, state_type(0));
+      state.allocated = true;
+    }
+    return state;
   }
   static tensor_view<T, Device> range_of(tensor_view<T, Device> t, parallel::flat_range range) {
     return slice(reshape(t, shape{t.numel()}), 0, range.begin, range.end);

@@ -47,9 +47,11 @@ class master_weights {
  public:
   using master_type = master_type_t<T>;
 
-  // Mirrors every parameter of `model` (complete: no parameter is added after this).
+  // Mirrors every parameter of `model` (complete: no parameter is added after this; a model
+  // registry that defers storage is flattened here, to have values to copy).
   master_weights(nn::parameter_registry<T, Device>& model, const execution<Device>& exec)
       : model_(model), exec_(exec), master_(model.seed(), model.position()) {
+    if (!model_.has_storage()) model_.flatten(exec_);
     for (auto& p : model_) {
       // The placement is the model's as given (its partial axes already applied).
       auto& m =
@@ -69,7 +71,7 @@ class master_weights {
   // A step begins: no micro-batch's gradient has been accumulated.
   void begin_step() {
     accumulated_.assign(pairs_.size(), 0);
-    model_.zero_grad();
+    model_.zero_grad(exec_);
     in_step_ = true;
   }
 

@@ -27,7 +27,7 @@ class sgd {
     QUINTET_CHECK(hyperparameters.weight_decay >= 0, "sgd: weight decay {} is negative",
                   hyperparameters.weight_decay);
     for (auto& p : registry_) {
-      momentum_.emplace_back(p.value.shape());
+      momentum_.emplace_back(p.local_shape());
       fill(momentum_.back(), state_type(0));
     }
   }

@@ -342,12 +342,12 @@ class trainer {
       using runtime_type = parallel::data_parallel_runtime<master_value_type, host, Mesh>;
       if constexpr (is_mixed) {
         // The buckets are the master's; ZeRO-3 is refused above, so no piece boundaries.
-        state_registry().flatten(runtime_type::layout(dp_options));
+        state_registry().flatten(runtime_type::layout(dp_options), exec_);
       } else if constexpr (is_pipelined) {
-        registry_.flatten(runtime_type::layout(dp_options));
+        registry_.flatten(runtime_type::layout(dp_options), exec_);
       } else {
-        registry_.flatten(
-            runtime_type::layout(dp_options, model_.model.stage().piece_parameters()));
+        registry_.flatten(runtime_type::layout(dp_options, model_.model.stage().piece_parameters()),
+                          exec_);
       }
       data_parallel_.emplace(state_registry(), *mesh_, exec_, dp_options);
       for (const auto& owned : data_parallel_->optimizer_ranges())
@@ -395,9 +395,9 @@ class trainer {
           const auto masters = master_.weights.accumulate(ready);
           if constexpr (is_data_parallel) data_parallel_->gradients_ready(masters);
         });
-      state_registry().flatten();
+      state_registry().flatten(exec_);
     }
-    registry_.flatten();
+    registry_.flatten(exec_);
     QUINTET_CHECK(model.vocab >= source.vocab_size(),
                   "training: the model's vocabulary ({}) is smaller than the data's ({})",
                   model.vocab, source.vocab_size());
@@ -440,7 +440,7 @@ class trainer {
       data_parallel_->begin_step(static_cast<int>(micro.size()));
       data_parallel_->zero_grad();
     } else {
-      state_registry().zero_grad();
+      state_registry().zero_grad(exec_);
     }
     if constexpr (is_mixed) master_.weights.begin_step();
     const double scale = 1.0 / static_cast<double>(counted);
@@ -796,11 +796,14 @@ class trainer {
       return mesh != nullptr ? mesh : &no_mesh_;
     }
   }
+  // The registry defers storage: the constructor flattens it as soon as the model is built, so
+  // each parameter is drawn straight into its bucket.
   static nn::parameter_registry<T, host> make_registry(std::uint64_t seed, Mesh* mesh) {
+    constexpr auto deferred = nn::parameter_storage::deferred;
     if constexpr (mesh_like<Mesh>) {
-      return nn::parameter_registry<T, host>(seed, *mesh, Plan{});
+      return nn::parameter_registry<T, host>(seed, *mesh, Plan{}, deferred);
     } else {
-      return nn::parameter_registry<T, host>(seed);
+      return nn::parameter_registry<T, host>(seed, deferred);
     }
   }
 

@@ -240,7 +240,7 @@ class data_parallel_runtime {
   // The step's gradients start at zero: the registry's buffers (made again if ZeRO-2 released
   // them), or ZeRO-3's shards (its buffers are made per piece in backward).
   void zero_grad() {
-    if (options_.zero_stage < 3) return registry_.zero_grad();
+    if (options_.zero_stage < 3) return registry_.zero_grad(exec_);
     for (auto& slot : slots_) fill(slot.shard, T(0));
   }
 
