@@ -12,10 +12,12 @@
 #include <quintet/parallel/plan.hpp>
 #include <quintet/parallel/synchronize_gradients.hpp>
 #include <quintet/tensor/copy.hpp>
+#include <quintet/tensor/fill.hpp>
 #include <quintet/tensor/slice.hpp>
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <string>
 #include <string_view>
@@ -573,8 +575,8 @@ TEST_CASE("parameter_registry: deferred storage draws each parameter in its buck
                   placement::replicated().partial({mesh_axis::dp}));
     registry->add("fc.weight", shape{50, 3}, initializer::normal(1.0), tp_rows);
   }
-  CHECK(immediate.has_storage());
-  REQUIRE_FALSE(deferred.has_storage());
+  CHECK(immediate.initialized());
+  REQUIRE_FALSE(deferred.initialized());
   // Before flatten: shapes known, no storage.
   auto& qkv = deferred.find("qkv.weight");
   CHECK(qkv.local_shape() == shape{3, 40});
@@ -584,9 +586,19 @@ TEST_CASE("parameter_registry: deferred storage draws each parameter in its buck
 
   const bucket_layout layout{.max_elements = 160, .shardable = true};
   immediate.flatten(layout);
-  deferred.flatten(layout);
-  REQUIRE(deferred.has_storage());
   auto& expected = immediate.buckets();
+  // NaN in the blocks the deferred buckets will be given (the thread's block cache hands a freed
+  // block of the same size out again), so a value or gradient left undrawn or unzeroed shows.
+  {
+    std::vector<quintet::tensor<float, host>> poison;
+    for (const auto& bucket : expected)
+      for (int copy = 0; copy < 2; ++copy) {
+        auto& block = poison.emplace_back(bucket.values.shape());
+        quintet::fill(block, std::numeric_limits<float>::quiet_NaN());
+      }
+  }
+  deferred.flatten(layout);
+  REQUIRE(deferred.initialized());
   auto& got = deferred.buckets();
   REQUIRE(got.size() == expected.size());
   REQUIRE(got.size() >= 3);  // qkv and fc in separate buckets of at most 160
@@ -607,12 +619,21 @@ TEST_CASE("parameter_registry: deferred storage draws each parameter in its buck
                       Catch::Contains("'late' is added after the parameters were flattened"));
 }
 
-TEST_CASE("parameter_registry: a deferred registry's zero_grad flattens it first",
-          "[nn][parameter][flatten]") {
+TEST_CASE(
+    "parameter_registry: a deferred registry refuses zero_grad before flatten, and checks "
+    "initialisers when they are added",
+    "[nn][parameter][flatten]") {
   parameter_registry<double, host> registry(4, quintet::nn::parameter_storage::deferred);
   auto& w = registry.add("w", shape{5, 3}, initializer::normal(1.0));
+  // zero_grad would have to pick a bucket layout: flatten is the caller's to call.
+  REQUIRE_THROWS_WITH(registry.zero_grad(), Catch::Contains("zero_grad before flatten"));
+  REQUIRE_FALSE(registry.flattened());
+  REQUIRE_THROWS_WITH(registry.add("bad", shape{2}, initializer::normal(-1.0)),
+                      Catch::Contains("'bad' is initialised with a negative standard deviation"));
+  REQUIRE_THROWS_WITH(registry.add("worse", shape{2}, initializer::uniform(1.0, 0.5)),
+                      Catch::Contains("'worse' is initialised uniformly over [1, 0.5)"));
+  registry.flatten();
   registry.zero_grad();
-  REQUIRE(registry.flattened());
   REQUIRE(w.grad.data() != nullptr);
   for (std::int64_t i = 0; i < w.grad.numel(); ++i) CHECK(w.grad.data()[i] == 0.0);
   parameter_registry<double, host> reference(4);

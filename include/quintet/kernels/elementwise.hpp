@@ -12,7 +12,6 @@
 #include <quintet/kernels/operand.hpp>
 #include <quintet/tensor/device.hpp>
 
-#include <algorithm>
 #include <concepts>
 #include <type_traits>
 
@@ -60,9 +59,10 @@ struct elementwise_engine<host> {
   // threads take in about half the time.
   template <class T>
   static void fill(const execution<host>& exec, T* x, T value, std::int64_t count) {
-    exec.parallel_for(
-        count, execution<host>::grain_for(1),
-        [&](std::int64_t begin, std::int64_t end) { std::fill(x + begin, x + end, value); });
+    exec.parallel_for(count, execution<host>::grain_for(1),
+                      [&](std::int64_t begin, std::int64_t end) {
+                        host_impl::fill(x + begin, value, end - begin);
+                      });
   }
   template <class From, class To>
   static void convert(const execution<host>&, const From* in, To* out, std::int64_t count) {

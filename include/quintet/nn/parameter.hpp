@@ -4,9 +4,9 @@
 // equals the same slice of the serial model's parameter.
 //
 // Values and gradients are views. While a model is being built each parameter has storage of its
-// own; flatten() (or the first buckets()) moves them into flat buffers, one per set of axes their
-// gradient is partial over — the unit gradient synchronisation reduces in one collective and
-// ZeRO will shard (megatron_sp, say):
+// own (immediate storage, the default); flatten() (or the first buckets()) moves them into flat
+// buffers, one per set of axes their gradient is partial over — the unit gradient synchronisation
+// reduces in one collective and ZeRO will shard (megatron_sp, say):
 //
 //   bucket {partial: -}    [ qkv.weight | pad | proj.weight | pad | fc.weight | ... ]
 //   bucket {partial: tp}   [ ln1.weight | pad | ln1.bias | pad | proj.bias | ... ]
@@ -15,7 +15,7 @@
 // A registry that defers storage (the trainer's: it flattens as soon as the model is built) gives
 // parameters no storage of their own: add() records the initialiser, the views stay empty, and
 // flatten() draws each parameter's values in place in its bucket — the same bits, since the draw
-// is keyed by global index, without a second copy of the model in memory.
+// is keyed by global index, without a second copy of the parameters in memory.
 //
 // Data parallelism asks for more (flatten(bucket_layout)): buckets of at most `max_elements`,
 // cut at parameter boundaries, so the first ones backward completes are reduced while the rest
@@ -42,6 +42,7 @@
 #include <quintet/tensor/tensor_view.hpp>
 
 #include <algorithm>
+#include <concepts>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -163,6 +164,7 @@ class parameter_registry {
     QUINTET_CHECK((where.partial_axes() & where.sharded_axes()).empty(),
                   "parameter_registry: '{}' is sharded over {} and its gradient partial over {}",
                   name, name_of(where.sharded_axes()), name_of(where.partial_axes()));
+    check_initializer(name, init);
     const region local = where.local_region(global, position_);
     if (storage_ == parameter_storage::deferred) {
       parameter<T, Device>& p = parameters_.emplace_back(
@@ -185,18 +187,20 @@ class parameter_registry {
     QUINTET_FAIL("parameter_registry: no parameter named '{}'", name);
   }
 
-  // Zero gradients (made again first, after release_gradients(); a deferred registry is
-  // flattened first). The buckets are filled over the context's threads.
+  // Zero gradients (made again first, after release_gradients()). The buckets are filled over the
+  // context's threads.
   void zero_grad() { zero_grad(execution<Device>{}); }
   void zero_grad(const execution<Device>& exec) {
-    if (!has_storage()) flatten(bucket_layout{}, exec);
+    QUINTET_CHECK(initialized(),
+                  "parameter_registry: zero_grad before flatten in a registry that defers "
+                  "storage; flatten it (with its bucket layout) first");
     if (!buckets_.empty()) {
       for (auto& bucket : buckets_) {
         if (gradients_released_) {
           bucket.grads = quintet::tensor<T, Device>(shape{flat_elements(bucket)});
           point_gradients(bucket);
         }
-        kernels::fill(exec, bucket.grads, T(0));
+        zero(exec, bucket.grads);
       }
       gradients_released_ = false;
       return;
@@ -306,7 +310,7 @@ class parameter_registry {
         bucket.values = quintet::tensor<T, Device>(shape{total});
         bucket.grads = quintet::tensor<T, Device>(shape{total});
         const bool deferred = storage_ == parameter_storage::deferred;
-        if (deferred) kernels::fill(exec, bucket.grads, T(0));
+        if (deferred) zero(exec, bucket.grads);
         // Each element written once: the parameters' values and gradients copied (deferred: the
         // values drawn, the gradients zeroed above), the padding after each (and the bucket's
         // tail) zeroed.
@@ -340,13 +344,13 @@ class parameter_registry {
 
   // The flat buckets (flattening first if needed).
   std::deque<parameter_bucket<T, Device>>& buckets() {
-    flatten();
+    if (buckets_.empty()) flatten();
     return buckets_;
   }
   bool flattened() const { return !buckets_.empty(); }
-  // Whether the parameters' views have storage: always, unless the registry defers it and has
-  // not been flattened yet.
-  bool has_storage() const {
+  // Whether the parameters hold their values: always, unless the registry defers storage and has
+  // not been flattened yet (released buffers, ZeRO's, leave views empty either way).
+  bool initialized() const {
     return storage_ == parameter_storage::immediate || flattened() || parameters_.empty();
   }
 
@@ -376,6 +380,26 @@ class parameter_registry {
   static constexpr std::int64_t per_line = std::max<std::int64_t>(1, 64 / sizeof(T));
   // Elements rounded up to a 64-byte boundary.
   static std::int64_t aligned(std::int64_t n) { return (n + per_line - 1) / per_line * per_line; }
+
+  // A large buffer zeroed over the context's threads where the device has that kernel (the host);
+  // elsewhere by the tensor fill.
+  static void zero(const execution<Device>& exec, quintet::tensor<T, Device>& buffer) {
+    if constexpr (std::same_as<Device, host>) {
+      kernels::fill(exec, buffer, T(0));
+    } else {
+      fill(buffer, T(0));
+    }
+  }
+
+  // An initialiser's arguments checked when the parameter is added (a deferred one draws later).
+  static void check_initializer(std::string_view name, const initializer& init) {
+    QUINTET_CHECK(init.type != initializer::kind::normal || init.b >= 0,
+                  "parameter_registry: '{}' is initialised with a negative standard deviation {}",
+                  name, init.b);
+    QUINTET_CHECK(init.type != initializer::kind::uniform || init.a <= init.b,
+                  "parameter_registry: '{}' is initialised uniformly over [{}, {}): low above high",
+                  name, init.a, init.b);
+  }
 
   // Draws a parameter's initial values into `value` (its local block, wherever it lives).
   void initialize(quintet::tensor_view<T, Device> value, const parameter<T, Device>& p,

@@ -9,7 +9,8 @@
 // own(name, range, gradient) reads it from there; ZeRO-3 keeps the range's values apart too (the
 // whole parameter exists only while a layer uses it): own(name, range, gradient, value).
 //
-// The moments are allocated when first used (the first step, or a checkpoint restoring them) and
+// The moments are allocated when first used (the first step, or a checkpoint saving or restoring
+// them) and
 // zeroed over the context's threads: building the optimizer touches no memory, and a rank that
 // owns a range never holds the whole parameter's moments.
 #pragma once

@@ -51,7 +51,7 @@ class master_weights {
   // registry that defers storage is flattened here, to have values to copy).
   master_weights(nn::parameter_registry<T, Device>& model, const execution<Device>& exec)
       : model_(model), exec_(exec), master_(model.seed(), model.position()) {
-    if (!model_.has_storage()) model_.flatten(exec_);
+    if (!model_.initialized()) model_.flatten(exec_);
     for (auto& p : model_) {
       // The placement is the model's as given (its partial axes already applied).
       auto& m =

@@ -101,6 +101,11 @@ void add(const T* a, const T* b, T* out, std::int64_t count) {
 }
 
 template <class T>
+void fill(T* x, T value, std::int64_t count) {
+  std::fill(x, x + count, value);
+}
+
+template <class T>
 void scale(T* x, accumulator_t<T> alpha, std::int64_t count) {
   lane_map(x, count, [&](std::int64_t i) { return narrow<T>(widen(x[i]) * alpha); });
 }
