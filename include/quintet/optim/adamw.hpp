@@ -10,9 +10,8 @@
 // whole parameter exists only while a layer uses it): own(name, range, gradient, value).
 //
 // The moments are allocated when first used (the first step, or a checkpoint saving or restoring
-// them) and
-// zeroed over the context's threads: building the optimizer touches no memory, and a rank that
-// owns a range never holds the whole parameter's moments.
+// them) and zeroed over the context's threads: building the optimizer touches no memory, and a
+// rank that owns a range never holds the whole parameter's moments.
 #pragma once
 
 #include <quintet/core/error.hpp>
