@@ -38,8 +38,7 @@ using bad = parallel::pp<parallel::ring>;
 // A tensor-parallel model needs a device mesh type; no_mesh is the serial model's.
 using bad = quintet::nn::gpt<float, quintet::host,
                              quintet::plan<parallel::tp<parallel::megatron_1d>>, parallel::no_mesh>;
-#elif defined(PLAN_CASE_TRAINER_FP16) || defined(PLAN_CASE_TRAINER_BF16_PIPELINE) || \
-    defined(PLAN_CASE_TRAINER_PIPELINE_ZERO3)
+#elif defined(PLAN_CASE_TRAINER_FP16) || defined(PLAN_CASE_TRAINER_PIPELINE_ZERO3)
 #include <quintet/comm/thread_comm.hpp>
 #include <quintet/data/markov_source.hpp>
 #include <quintet/parallel/data/zero.hpp>
@@ -48,10 +47,6 @@ using bad = quintet::nn::gpt<float, quintet::host,
 #if defined(PLAN_CASE_TRAINER_FP16)
 // fp16 would need loss scaling, which is not built: of the 16-bit types only bf16 trains.
 using bad = quintet::train::trainer<quintet::half, quintet::markov_source>;
-#elif defined(PLAN_CASE_TRAINER_BF16_PIPELINE)
-using bad = quintet::train::trainer<quintet::bf16, quintet::markov_source,
-                                    quintet::plan<parallel::pp<parallel::one_f_one_b>>,
-                                    quintet::device_mesh<quintet::thread_comm>>;
 #else
 using bad = quintet::train::trainer<
     float, quintet::markov_source,

@@ -2,11 +2,13 @@
 // fp32 master weights, fp32 gradients summed over micro-batches and ranks, and fp32 AdamW moments.
 // Checked: the model holds the rounding of its master weights, updates too small for bf16 are kept
 // in the master, the bf16 loss curve stays within a band of the fp32 curve, data parallelism
-// (ZeRO-0, 1, 2), tensor and sequence parallelism give the bf16 serial run, and what is not
+// (ZeRO-0, 1, 2), tensor and sequence parallelism give the bf16 serial run (pipelines and
+// experts: test_mixed_precision_composition.cpp), and what is not
 // supported is refused.
 #include <catch2/catch.hpp>
 
 #include "../checkpoint/temp_directory.hpp"
+#include "bf16_parity.hpp"
 
 #include <quintet/comm/thread_comm.hpp>
 #include <quintet/core/bf16.hpp>
@@ -144,38 +146,10 @@ TEST_CASE("the bf16 loss curve stays within 0.01 nats of the fp32 curve over 200
 
 namespace {
 
-// The bf16 run under Plan on thread ranks against the bf16 serial run that cuts the global batch
-// into the same row blocks: the plan's micro-batch on dp rank r is the serial run's micro-batch r
-// (a MoE model routes each alike, one routing group per micro-batch on both sides).
-template <class Plan>
-quintet::train::parity_report bf16_parity(quintet::mesh_degrees degrees, int zero_stage,
-                                          const quintet::train::parity_tolerance& tolerance,
-                                          const quintet::nn::gpt_config& model = small_model) {
-  const quintet::markov_source source({.vocab = 16, .order = 1, .successors = 3, .seed = 11});
-  training_options options{.steps = 5, .batch = 8, .seq = 16, .lr = 1e-3, .warmup_steps = 2};
-  options.zero_stage = zero_stage;
-  training_options serial_options = options;
-  serial_options.zero_stage = -1;
-  serial_options.micro_batches = degrees.dp;
-  const auto serial =
-      quintet::train::parity_rank<bf16, quintet::serial_plan, quintet::markov_source, par::no_mesh>(
-          source, model, serial_options, exec, nullptr);
-  const int world = degrees.dp * degrees.tp * degrees.sp;
-  std::vector<quintet::train::parity_run> ranks(static_cast<std::size_t>(world));
-  quintet::thread_world{world}.run([&](quintet::thread_comm& comm) {
-    quintet::device_mesh<quintet::thread_comm> mesh(comm, degrees);
-    ranks[static_cast<std::size_t>(comm.rank())] =
-        quintet::train::parity_rank<bf16, Plan>(source, model, options, exec, &mesh);
-  });
-  return quintet::train::compare_with_serial(serial, ranks, tolerance, Plan::name());
-}
+using quintet::test::bf16_parity;
+using quintet::test::bf16_within_adamw_bound;
 
 using dp_tp_plan = quintet::plan<par::dp<par::zero<par::runtime_stage>>, par::tp<par::megatron_1d>>;
-
-// Where bf16 rounding flips between runs: the loss within 2e-4 relative, every parameter within
-// lr x steps of the serial one (what AdamW can move it at bf16_parity's rate 1e-3 over 5 steps).
-const quintet::train::parity_tolerance within_adamw_bound{
-    .loss_relative = 2e-4, .parameter_relative = 0.0, .parameter_absolute = 5e-3};
 
 }  // namespace
 
@@ -188,7 +162,7 @@ TEST_CASE("bf16 under data parallelism gives the bf16 serial run",
       .loss_relative = 0.0, .parameter_relative = 0.0, .parameter_absolute = 0.0};
   for (const int zero : {0, 1, 2}) {
     const auto report = bf16_parity<dp_tp_plan>(
-        {.dp = 2}, zero, zero == 0 ? exact : quintet::train::parity_tolerance{});
+        {.dp = 2}, zero, zero == 0 ? exact : quintet::train::parity_tolerance{}, small_model);
     INFO("ZeRO-" << zero << "\n" << report.summary());
     CHECK(report.passed);
   }
@@ -218,7 +192,8 @@ TEST_CASE("bf16 under dp 2 x tp 2 gives the bf16 serial losses",
   // zero. The loss is the sharp test: within 2e-4 relative per step (seen: 3e-6 to 2.3e-5), where
   // a missing or doubled sum moves it by far more.
   for (const int zero : {0, 1}) {
-    const auto report = bf16_parity<dp_tp_plan>({.dp = 2, .tp = 2}, zero, within_adamw_bound);
+    const auto report =
+        bf16_parity<dp_tp_plan>({.dp = 2, .tp = 2}, zero, bf16_within_adamw_bound, small_model);
     INFO("ZeRO-" << zero << "\n" << report.summary());
     REQUIRE(report.loss_relative.size() == 5);
     for (const double relative : report.loss_relative) CHECK(relative < 2e-4);
@@ -232,7 +207,8 @@ TEST_CASE("bf16 under Ulysses sequence parallelism gives the bf16 serial losses"
   // sequence for the attention. The sp ranks' partial gradients are summed on the fp32 master
   // (synchronize_gradients), once per step.
   using ulysses_plan = quintet::plan<par::sp<par::ulysses>>;
-  const auto report = bf16_parity<ulysses_plan>({.sp = 2}, -1, within_adamw_bound);
+  const auto report =
+      bf16_parity<ulysses_plan>({.sp = 2}, -1, bf16_within_adamw_bound, small_model);
   INFO(report.summary());
   REQUIRE(report.loss_relative.size() == 5);
   for (const double relative : report.loss_relative) CHECK(relative < 2e-4);

@@ -127,14 +127,18 @@ class gpt_pipeline {
   }
 
   // The tied table's gradient summed between the first and the last stage's ranks (every rank of
-  // pp calls it; those without the table return at once).
-  void sum_shared_gradients() {
-    parallel::pipeline::sum_shared_gradients(registry_, pp_, runtime_.plan(), exec_);
+  // pp calls it; those without the table return at once): in the stages' registry, or in
+  // `registry`, which mirrors it (mixed precision's fp32 master weights hold the gradients).
+  void sum_shared_gradients() { sum_shared_gradients(registry_); }
+  template <class U>
+  void sum_shared_gradients(nn::parameter_registry<U, Device>& registry) {
+    parallel::pipeline::sum_shared_gradients(registry, pp_, runtime_.plan(), exec_);
   }
   // The tied table's values from the first stage's rank to the last's (after a ZeRO-1/2 update:
-  // parallel::pipeline::share_first_stage_values says why).
-  void share_first_stage_values() {
-    parallel::pipeline::share_first_stage_values(registry_, pp_, runtime_.plan());
+  // parallel::pipeline::share_first_stage_values says why), in `registry` as above.
+  template <class U>
+  void share_first_stage_values(nn::parameter_registry<U, Device>& registry) {
+    parallel::pipeline::share_first_stage_values(registry, pp_, runtime_.plan());
   }
 
   // The forward alone of micro-batches 0 .. micro_batches - 1 (evaluation): each micro-batch goes

@@ -22,9 +22,9 @@
 // updates the parameters it holds, and the loss, known on the last stage's rank, is summed over
 // pp so every rank reports it. pp<named_schedule> takes the schedule's name from
 // training_options::pipeline (one plan type for every built-in schedule). Composes with
-// dp<zero<0>> (each dp replica a pipeline) and with tp and sp (the stages are the plan's: each
-// stage's tp and sp ranks hold its shards and run the same action list); ZeRO-1/2/3 with pp are
-// refused at compile time.
+// dp<zero<S>> for S = 0, 1, 2 (each dp replica a pipeline), with tp and sp (the stages are the
+// plan's: each stage's tp and sp ranks hold its shards and run the same action list) and with ep;
+// ZeRO-3 with pp is refused (at compile time for zero<3>, at construction for a run-time stage).
 //
 // Mixture of experts (gpt_config::experts): the objective is the mean cross-entropy plus, for every
 // MoE block, the mean over the step's routing calls — micro-batches x dp ranks, each routing its
@@ -35,9 +35,8 @@
 // Expert parallelism (dp<zero<0>> with ep<top_k<K>>): ep subdivides dp, so each dp rank takes its
 // rows as before; the experts' gradients are reduced over their replicas (edp), the rest over dp
 // (the plan's partial axes: data parallelism's buckets follow them; under ZeRO an expert's bucket
-// is sharded over its edp replicas). Pipelines with ep are refused at compile time; a pipeline's
-// stages run MoE blocks as the plan's other policies say (every expert on each rank, split over
-// tp under tp<...>).
+// is sharded over its edp replicas). Under pp the ep group is the dp ranks of one pp coordinate,
+// which run the same action list.
 //
 // bf16 mixed precision (trainer<bf16, ...>): the model computes in bf16 and the trainer
 // keeps fp32 master weights (optim::master_weights): each micro-batch's gradient of a piece is
@@ -45,8 +44,8 @@
 // backward — the sums over tp/sp, data parallelism's buckets and ZeRO shards, the norm, AdamW and
 // its moments — runs on the master registry in fp32, and the model's values are the master's
 // rounded after each update. parameters() and optimizer() are the master's (what a checkpoint
-// saves), model_parameters() the model's. Composes with dp (ZeRO-0, 1, 2), tp and sp; pipelines,
-// ZeRO-3 and expert parallelism are refused.
+// saves), model_parameters() the model's. Composes with dp (ZeRO-0, 1, 2), tp, sp, ep and pp
+// (the tied table's two copies summed and shared in the master registry); ZeRO-3 is refused.
 //
 // evaluate(source, batches) scores the model as it stands on other data (a held-out source): the
 // forward alone, on every rank under the trainer's plan, into contexts it then drops — no gradient,
@@ -205,16 +204,12 @@ class trainer {
                 "only");
   static constexpr bool is_data_parallel = Plan::template has<parallel::strategy::data>;
   static constexpr bool is_pipelined = Plan::template has<parallel::strategy::pipeline>;
-  static constexpr bool is_expert_parallel = parallel::uses_expert_parallel<Plan>;
   // A 16-bit model trains through fp32 master weights (optim::master_weights).
   static constexpr bool is_mixed = optim::needs_master_weights<T>;
   using master_value_type = optim::master_type_t<T>;
   static_assert(!is_mixed || std::is_same_v<T, bf16>,
                 "train::trainer: of the 16-bit types only bf16 trains (fp16 needs loss scaling, "
                 "which is not built)");
-  static_assert(!is_mixed || (!is_pipelined && !is_expert_parallel),
-                "train::trainer: bf16 mixed precision composes with dp, tp and sp; with pipeline "
-                "or expert parallelism it is not supported yet");
   template <class Style>
   static constexpr int zero_stage_of = [] {
     if constexpr (requires { Style::stage; }) {
@@ -367,23 +362,16 @@ class trainer {
       //   first stage's values are sent to the other rank after the update.
       // Under ZeRO-0 with the stages on two ranks each copy is reduced during backward and the
       // two reduced copies summed after (both ranks add the same two terms: the same bits).
-      const nn::parameter<T, host>* shared = nullptr;
       if constexpr (is_pipelined) {
         const auto stages = model_.stages();
         const bool both_ends = model.tie_weights && stages.size() >= 2 &&
                                stages.front()->holds_embedding() && stages.back()->holds_head();
-        if (both_ends || zero_stage_ >= 1)
-          for (auto& p : registry_)
-            if (p.placement.stages().size() >= 2) shared = &p;
+        shared_after_backward_ = both_ends || zero_stage_ >= 1;
       }
       if constexpr (!is_mixed) {
         for (auto* stage : model_.stages())
-          stage->on_gradients_ready([this, shared](std::span<nn::parameter<T, host>* const> ready) {
-            if (shared == nullptr) return data_parallel_->gradients_ready(ready);
-            std::vector<nn::parameter<T, host>*> announced;
-            for (auto* p : ready)
-              if (p != shared) announced.push_back(p);
-            data_parallel_->gradients_ready(announced);
+          stage->on_gradients_ready([this](std::span<nn::parameter<T, host>* const> ready) {
+            announce_to_data_parallel(ready);
           });
       }
     }
@@ -393,7 +381,7 @@ class trainer {
       for (auto* stage : model_.stages())
         stage->on_gradients_ready([this](std::span<nn::parameter<T, host>* const> ready) {
           const auto masters = master_.weights.accumulate(ready);
-          if constexpr (is_data_parallel) data_parallel_->gradients_ready(masters);
+          if constexpr (is_data_parallel) announce_to_data_parallel(masters);
         });
       state_registry().flatten(exec_);
     }
@@ -496,15 +484,15 @@ class trainer {
       // its buckets reduce them with dp's, on the product group), then the table's copies.
       const std::vector<int>& stages_here = model_.pipeline.runtime().stages();
       if constexpr (is_data_parallel) {
-        if (zero_stage_ >= 1) model_.pipeline.sum_shared_gradients();
+        if (zero_stage_ >= 1) model_.pipeline.sum_shared_gradients(state_registry());
         data_parallel_->finish_reduction();
-        if (zero_stage_ == 0) model_.pipeline.sum_shared_gradients();
+        if (zero_stage_ == 0) model_.pipeline.sum_shared_gradients(state_registry());
         loss_sum = sum_over_dp(loss_sum);
         norm = data_parallel_->template gradient_norm<Plan>(exec_, stages_here);
       } else {
-        parallel::synchronize_gradients(registry_, *mesh_);
-        model_.pipeline.sum_shared_gradients();
-        norm = parallel::global_gradient_norm<Plan>(exec_, registry_, *mesh_, stages_here);
+        parallel::synchronize_gradients(state_registry(), *mesh_);
+        model_.pipeline.sum_shared_gradients(state_registry());
+        norm = parallel::global_gradient_norm<Plan>(exec_, state_registry(), *mesh_, stages_here);
       }
     } else if constexpr (is_data_parallel) {
       // The buckets backward launched, and any it did not, complete here.
@@ -527,7 +515,7 @@ class trainer {
     if constexpr (is_data_parallel) {
       data_parallel_->gather_parameters();
       if constexpr (is_pipelined)
-        if (zero_stage_ >= 1) model_.pipeline.share_first_stage_values();
+        if (zero_stage_ >= 1) model_.pipeline.share_first_stage_values(state_registry());
     }
     if constexpr (is_mixed) master_.weights.write_back();
     ++next_step_;
@@ -626,6 +614,17 @@ class trainer {
 
  private:
   using model_slot_type = model_slot<is_pipelined, Mesh>;
+
+  // Data parallelism hears of these gradients of one micro-batch (the model's, or under mixed
+  // precision the master's they were added into), less the tied table where its pp sum must come
+  // first (shared_after_backward_: see the constructor).
+  void announce_to_data_parallel(std::span<nn::parameter<master_value_type, host>* const> ready) {
+    if (!shared_after_backward_) return data_parallel_->gradients_ready(ready);
+    std::vector<nn::parameter<master_value_type, host>*> announced;
+    for (auto* p : ready)
+      if (p->placement.stages().size() < 2) announced.push_back(p);
+    data_parallel_->gradients_ready(announced);
+  }
 
   // Where gradients are reduced and parameters updated: the master registry under mixed
   // precision, the model's otherwise.
@@ -819,6 +818,8 @@ class trainer {
   optim::adamw<master_value_type, host> optimizer_;
   optim::cosine_schedule schedule_;
   typename runtime_slot<is_data_parallel, Mesh>::type data_parallel_;
+  // pp with dp: the tied table's gradient is left unannounced, reduced over dp after its pp sum.
+  bool shared_after_backward_ = false;
   std::int64_t next_step_ = 0;
 };
 
