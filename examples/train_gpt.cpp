@@ -698,8 +698,9 @@ void with_plan(const program_options& options, Fn&& fn) {
 }
 
 // The parallel rows --dtype bf16 is built for (more rows, more compile time): the rows without a
-// sequence style — dp x tp, with --pp, and with --ep — where mixed precision composes with ZeRO-0,
-// 1 and 2. The library composes bf16 with the sequence styles too (test_mixed_precision.cpp).
+// sequence style — dp x tp, with --pp, and with --ep — where mixed precision composes with every
+// ZeRO stage (ZeRO-3 not with --pp). The library composes bf16 with the sequence styles too
+// (test_mixed_precision.cpp).
 template <class Plan>
 inline constexpr bool bf16_row = !Plan::template has<quintet::parallel::strategy::sequence> &&
                                  !(Plan::template has<quintet::parallel::strategy::pipeline> &&
@@ -834,10 +835,6 @@ void check_parallel_options(const program_options& options) {
                   "for --pp with --ep (fewer instantiations, less compile time; given --pp {} --ep "
                   "{} --sp-style {})",
                   options.pp, options.ep, options.sp_style);
-    QUINTET_CHECK(options.zero <= 2,
-                  "--dtype bf16 with --zero {}: mixed precision composes with ZeRO-0, 1 and 2 "
-                  "(ZeRO-3 would gather the bf16 model from fp32 master shards: not built yet)",
-                  options.zero);
     QUINTET_CHECK(!options.check_parity,
                   "--check-parity compares fp32 runs; bf16's parity with its serial run is tested "
                   "in test_mixed_precision.cpp");
@@ -1035,7 +1032,7 @@ int main(int argc, char** argv) {
   app.add_option("--dtype", options.dtype,
                  "arithmetic: f32, or bf16 (mixed precision: the model in bf16, fp32 master "
                  "weights, gradients and AdamW moments; serial, --dp/--tp, --pp or --ep, ZeRO-0 to "
-                 "2)")
+                 "3)")
       ->capture_default_str()
       ->check(CLI::IsMember({"f32", "bf16"}));
   app.add_option("--threads", options.threads,

@@ -68,10 +68,20 @@ class master_weights {
   nn::parameter_registry<master_type, Device>& registry() { return master_; }
   const nn::parameter_registry<master_type, Device>& registry() const { return master_; }
 
-  // A step begins: no micro-batch's gradient has been accumulated.
+  // The master parameter of one of the model's.
+  nn::parameter<master_type, Device>& master_of(const nn::parameter<T, Device>& p) {
+    const auto found = index_.find(&p);
+    QUINTET_CHECK(found != index_.end(),
+                  "mixed precision: parameter '{}' is not one of the model's", p.name);
+    return *pairs_[found->second].master;
+  }
+
+  // A step begins: no micro-batch's gradient has been accumulated, the model's gradients are
+  // zero. A model whose gradient buffers were released is left so (ZeRO-3 makes them per piece,
+  // zeroed: parallel::master_shard_access).
   void begin_step() {
     accumulated_.assign(pairs_.size(), 0);
-    model_.zero_grad(exec_);
+    if (!model_.gradients_released()) model_.zero_grad(exec_);
     in_step_ = true;
   }
 
@@ -112,7 +122,8 @@ class master_weights {
   }
 
   // The model's values from the master's, rounded to nearest even (after every update, and after
-  // a checkpoint restored the master).
+  // a checkpoint restored the master; under ZeRO-3 each piece's values are rounded as it is
+  // gathered instead).
   void write_back() {
     for (auto& [model, master] : pairs_) kernels::convert(exec_, master->value, model->value);
   }

@@ -44,8 +44,9 @@
 // backward — the sums over tp/sp, data parallelism's buckets and ZeRO shards, the norm, AdamW and
 // its moments — runs on the master registry in fp32, and the model's values are the master's
 // rounded after each update. parameters() and optimizer() are the master's (what a checkpoint
-// saves), model_parameters() the model's. Composes with dp (ZeRO-0, 1, 2), tp, sp, ep and pp
-// (the tied table's two copies summed and shared in the master registry); ZeRO-3 is refused.
+// saves), model_parameters() the model's. Composes with dp (ZeRO-0 to 3: under ZeRO-3 the model's
+// buffers are made per piece from the gathered master, parallel::master_shard_access), tp, sp, ep
+// and pp (the tied table's two copies summed and shared in the master registry).
 //
 // evaluate(source, batches) scores the model as it stands on other data (a held-out source): the
 // forward alone, on every rank under the trainer's plan, into contexts it then drops — no gradient,
@@ -67,6 +68,7 @@
 #include <quintet/optim/lr_schedule.hpp>
 #include <quintet/optim/master_weights.hpp>
 #include <quintet/parallel/data/data_parallel_runtime.hpp>
+#include <quintet/parallel/data/master_shard_access.hpp>
 #include <quintet/parallel/gradient_norm.hpp>
 #include <quintet/parallel/pipeline/catalog.hpp>
 #include <quintet/parallel/plan.hpp>
@@ -260,16 +262,35 @@ class trainer {
   struct runtime_slot<true, M> {
     using type = std::optional<parallel::data_parallel_runtime<master_value_type, host, M>>;
   };
-  // The master weights of a mixed-precision model; nothing otherwise.
+  // ZeRO-3 of a mixed-precision model: the model's buffers made per piece from the sharded master
+  // (parallel::master_shard_access).
+  template <bool, class M>
+  struct shard_access_slot {
+    using type = std::monostate;
+  };
+  template <class M>
+  struct shard_access_slot<true, M> {
+    using type = std::optional<parallel::master_shard_access<T, host, M>>;
+  };
+  // The master weights of a mixed-precision model; nothing otherwise. `layout`: how the model's
+  // registry is flattened before the master mirrors it (none: the default layout).
   template <bool, class U>
   struct master_slot {
-    master_slot(nn::parameter_registry<U, host>&, const execution<host>&) {}
+    master_slot(nn::parameter_registry<U, host>&, const execution<host>&,
+                const std::optional<nn::bucket_layout>&) {}
   };
   template <class U>
   struct master_slot<true, U> {
     optim::master_weights<U, host> weights;
-    master_slot(nn::parameter_registry<U, host>& model, const execution<host>& exec)
-        : weights(model, exec) {}
+    master_slot(nn::parameter_registry<U, host>& model, const execution<host>& exec,
+                const std::optional<nn::bucket_layout>& layout)
+        : weights(flattened(model, exec, layout), exec) {}
+    static nn::parameter_registry<U, host>& flattened(
+        nn::parameter_registry<U, host>& model, const execution<host>& exec,
+        const std::optional<nn::bucket_layout>& layout) {
+      if (layout) model.flatten(*layout, exec);
+      return model;
+    }
   };
   // The model of the rank: the whole model (one stage, run by the executor), or its pipeline
   // stages (the runtime).
@@ -314,7 +335,7 @@ class trainer {
         mesh_(required(mesh)),
         registry_(make_registry(options.seed, mesh)),
         model_(registry_, exec_, model, options_, mesh),
-        master_(registry_, exec_),
+        master_(registry_, exec_, model_layout()),
         optimizer_(state_registry(), exec_,
                    {.lr = options.lr,
                     .beta1 = options.beta1,
@@ -322,24 +343,24 @@ class trainer {
                     .eps = 1e-8,
                     .weight_decay = options.weight_decay}),
         schedule_(options.lr, options.min_lr, options.warmup_steps, options.steps) {
-    if constexpr (is_mixed)
-      QUINTET_CHECK(zero_stage_ <= 2,
-                    "training: bf16 mixed precision composes with ZeRO-0, 1 and 2; ZeRO-3 (which "
-                    "would gather the bf16 model from fp32 master shards) is not supported yet");
     if constexpr (is_data_parallel) {
       const int dp = mesh_->dp().size();
       QUINTET_CHECK(options.batch % (std::int64_t{dp} * options.micro_batches) == 0,
                     "training: a global batch of {} sequences does not split over dp = {} ranks x "
                     "{} micro-batches",
                     options.batch, dp, options.micro_batches);
-      const parallel::data_parallel_options dp_options{.zero_stage = zero_stage_,
-                                                       .bucket_elements = options.bucket_elements};
+      const parallel::data_parallel_options dp_options = data_parallel_options();
       using runtime_type = parallel::data_parallel_runtime<master_value_type, host, Mesh>;
-      if constexpr (is_mixed) {
-        // The buckets are the master's; ZeRO-3 is refused above, so no piece boundaries.
+      if constexpr (is_pipelined) {
+        // Under mixed precision the buckets are the master's.
         state_registry().flatten(runtime_type::layout(dp_options), exec_);
-      } else if constexpr (is_pipelined) {
-        registry_.flatten(runtime_type::layout(dp_options), exec_);
+      } else if constexpr (is_mixed) {
+        std::vector<std::vector<nn::parameter<master_value_type, host>*>> pieces;
+        for (const auto& piece : model_.model.stage().piece_parameters()) {
+          auto& masters = pieces.emplace_back();
+          for (const auto* p : piece) masters.push_back(&master_.weights.master_of(*p));
+        }
+        state_registry().flatten(runtime_type::layout(dp_options, pieces), exec_);
       } else {
         registry_.flatten(runtime_type::layout(dp_options, model_.model.stage().piece_parameters()),
                           exec_);
@@ -347,9 +368,15 @@ class trainer {
       data_parallel_.emplace(state_registry(), *mesh_, exec_, dp_options);
       for (const auto& owned : data_parallel_->optimizer_ranges())
         optimizer_.own(owned.name, owned.range, owned.gradient, owned.value);
-      if constexpr (!is_pipelined && !is_mixed) {
-        if (dp_options.zero_stage == 3)
-          model_.model.stage().on_parameter_access(data_parallel_->parameter_access());
+      if constexpr (!is_pipelined) {
+        if (dp_options.zero_stage == 3) {
+          if constexpr (is_mixed) {
+            master_shards_.emplace(registry_, master_.weights, *data_parallel_, exec_);
+            model_.model.stage().on_parameter_access(master_shards_->parameter_access());
+          } else {
+            model_.model.stage().on_parameter_access(data_parallel_->parameter_access());
+          }
+        }
       }
       // The tied table, held by the first and the last stage, is left unannounced where its
       // gradient is not complete after one stage's backward: its bucket is then reduced over dp
@@ -380,6 +407,9 @@ class trainer {
       // parallelism then sees the master's parameters announced.
       for (auto* stage : model_.stages())
         stage->on_gradients_ready([this](std::span<nn::parameter<T, host>* const> ready) {
+          if constexpr (is_data_parallel) {
+            if (master_shards_) return master_shards_->gradients_ready(ready);
+          }
           const auto masters = master_.weights.accumulate(ready);
           if constexpr (is_data_parallel) announce_to_data_parallel(masters);
         });
@@ -427,6 +457,8 @@ class trainer {
     if constexpr (is_data_parallel) {
       data_parallel_->begin_step(static_cast<int>(micro.size()));
       data_parallel_->zero_grad();
+      if constexpr (is_mixed)
+        if (master_shards_) master_shards_->begin_step();
     } else {
       state_registry().zero_grad(exec_);
     }
@@ -517,7 +549,9 @@ class trainer {
       if constexpr (is_pipelined)
         if (zero_stage_ >= 1) model_.pipeline.share_first_stage_values(state_registry());
     }
-    if constexpr (is_mixed) master_.weights.write_back();
+    // Under ZeRO-3 each piece's values are rounded as it is gathered.
+    if constexpr (is_mixed)
+      if (zero_stage_ < 3) master_.weights.write_back();
     ++next_step_;
     const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
     return {step, loss, norm, lr, elapsed.count(), tokens, std::move(experts)};
@@ -569,12 +603,12 @@ class trainer {
     struct guard {
       trainer* owner;
       explicit guard(trainer* t) : owner(t) {
-        if constexpr (is_data_parallel) owner->data_parallel_->gather_whole_model();
+        if constexpr (is_data_parallel) owner->gather_whole_model();
       }
       guard(const guard&) = delete;
       guard& operator=(const guard&) = delete;
       ~guard() {
-        if constexpr (is_data_parallel) owner->data_parallel_->release_whole_model();
+        if constexpr (is_data_parallel) owner->release_whole_model();
       }
     };
     return guard(this);
@@ -596,7 +630,8 @@ class trainer {
                   "training: resuming at step {} of a run of {} steps", step, options_.steps);
     next_step_ = step;
     optimizer_.restore_steps(step);
-    if constexpr (is_mixed) master_.weights.write_back();
+    if constexpr (is_mixed)
+      if (zero_stage_ < 3) master_.weights.write_back();
   }
   // Data parallelism's state (buckets, memory, the last step's reduction timeline).
   auto& data_parallel() requires is_data_parallel { return *data_parallel_; }
@@ -624,6 +659,35 @@ class trainer {
     for (auto* p : ready)
       if (p->placement.stages().size() < 2) announced.push_back(p);
     data_parallel_->gradients_ready(announced);
+  }
+
+  parallel::data_parallel_options data_parallel_options() const {
+    return {.zero_stage = zero_stage_, .bucket_elements = options_.bucket_elements};
+  }
+  // How the model's registry is flattened before a mixed-precision master mirrors it: under ZeRO-3
+  // cut at the pieces as the master's buckets will be (master_shard_access makes the model's
+  // buffers per piece); otherwise nothing (the default layout, or data parallelism's own).
+  std::optional<nn::bucket_layout> model_layout() {
+    if constexpr (is_mixed && is_data_parallel && !is_pipelined) {
+      if (zero_stage_ == 3)
+        return parallel::data_parallel_layout(data_parallel_options(),
+                                              std::span<const std::vector<nn::parameter<T, host>*>>(
+                                                  model_.model.stage().piece_parameters()));
+    }
+    return std::nullopt;
+  }
+  // ZeRO-3: every parameter gathered for reading outside a step (whole_parameters), and dropped.
+  void gather_whole_model() {
+    if constexpr (is_mixed) {
+      if (master_shards_) return master_shards_->hold_whole_model();
+    }
+    data_parallel_->gather_whole_model();
+  }
+  void release_whole_model() {
+    if constexpr (is_mixed) {
+      if (master_shards_) return master_shards_->release_whole_model();
+    }
+    data_parallel_->release_whole_model();
   }
 
   // Where gradients are reduced and parameters updated: the master registry under mixed
@@ -818,6 +882,7 @@ class trainer {
   optim::adamw<master_value_type, host> optimizer_;
   optim::cosine_schedule schedule_;
   typename runtime_slot<is_data_parallel, Mesh>::type data_parallel_;
+  typename shard_access_slot<is_mixed && is_data_parallel, Mesh>::type master_shards_;
   // pp with dp: the tied table's gradient is left unannounced, reduced over dp after its pp sum.
   bool shared_after_backward_ = false;
   std::int64_t next_step_ = 0;

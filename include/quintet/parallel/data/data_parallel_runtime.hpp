@@ -99,6 +99,25 @@ struct reduction_timeline {
   std::int64_t launched_early = 0;
 };
 
+// How a registry must be flattened for `options`: buckets of at most options.bucket_elements,
+// padded to split over their groups under ZeRO; under ZeRO-3 cut at the model's pieces (each
+// piece's parameters, as nn::gpt_stage::piece_parameters gives them), so no bucket mixes two.
+// Parameters of any element type: a mixed-precision model's buckets are cut as its master's.
+template <class Parameter>
+nn::bucket_layout data_parallel_layout(const data_parallel_options& options,
+                                       std::span<const std::vector<Parameter*>> pieces) {
+  nn::bucket_layout out;
+  out.max_elements = options.bucket_elements;
+  out.shardable = options.zero_stage >= 1;
+  if (options.zero_stage == 3) {
+    QUINTET_CHECK(!pieces.empty(),
+                  "data parallelism: ZeRO-3 cuts the buckets at the model's pieces; give them");
+    for (std::size_t i = 0; i < pieces.size(); ++i)
+      for (const auto* p : pieces[i]) out.piece_of.emplace(p->name, static_cast<int>(i));
+  }
+  return out;
+}
+
 template <class T, class Device, mesh_like Mesh>
 class data_parallel_runtime {
   using comm_type = std::remove_reference_t<decltype(std::declval<Mesh&>().dp())>;
@@ -106,21 +125,10 @@ class data_parallel_runtime {
   using parameter_type = nn::parameter<T, Device>;
 
  public:
-  // How the registry must be flattened for `options`. ZeRO-3 needs the model's pieces (each
-  // piece's parameters, as nn::gpt_stage::piece_parameters gives them): its buckets never mix
-  // two pieces.
+  // How the registry must be flattened for `options` (data_parallel_layout).
   static nn::bucket_layout layout(const data_parallel_options& options,
                                   std::span<const std::vector<parameter_type*>> pieces = {}) {
-    nn::bucket_layout out;
-    out.max_elements = options.bucket_elements;
-    out.shardable = options.zero_stage >= 1;
-    if (options.zero_stage == 3) {
-      QUINTET_CHECK(!pieces.empty(),
-                    "data parallelism: ZeRO-3 cuts the buckets at the model's pieces; give them");
-      for (std::size_t i = 0; i < pieces.size(); ++i)
-        for (const auto* p : pieces[i]) out.piece_of.emplace(p->name, static_cast<int>(i));
-    }
-    return out;
+    return data_parallel_layout(options, pieces);
   }
 
   // `registry` must already be flattened with layout(options, ...).
