@@ -638,9 +638,8 @@ void run_rank(const Source& source, const Source* held_out, const program_option
 //   --pp > 1    the same four rows with pp<named_schedule> last                + .pp
 // One row per sequence style for every schedule: pp<named_schedule> takes --schedule at run time
 // (the schedules are data, the stage code is the same). The stages are the plan's: under --tp and
-// the sequence styles each stage's layers are split as the whole model's would be. --zero 3 is
-// refused with --pp (ZeRO-3 gathers through the stages' access hooks, which the pipeline does not
-// drive yet).
+// the sequence styles each stage's layers are split as the whole model's would be; under --zero 3
+// every stage gathers its layers through the access hooks.
 //
 //   --ep > 1    plan<dp<zero<runtime_stage>>, tp<megatron_1d>, ep<top_k<runtime_k>>
 //               [, pp<named_schedule>]>                                   {dp,tp,ep[,pp]}
@@ -699,7 +698,7 @@ void with_plan(const program_options& options, Fn&& fn) {
 
 // The parallel rows --dtype bf16 is built for (more rows, more compile time): the rows without a
 // sequence style — dp x tp, with --pp, and with --ep — where mixed precision composes with every
-// ZeRO stage (ZeRO-3 not with --pp). The library composes bf16 with the sequence styles too
+// ZeRO stage. The library composes bf16 with the sequence styles too
 // (test_mixed_precision.cpp).
 template <class Plan>
 inline constexpr bool bf16_row = !Plan::template has<quintet::parallel::strategy::sequence> &&
@@ -840,11 +839,6 @@ void check_parallel_options(const program_options& options) {
                   "in test_mixed_precision.cpp");
   }
   if (options.pp > 1) {
-    QUINTET_CHECK(options.zero <= 2,
-                  "--pp {} with --zero {}: pipeline parallelism composes with ZeRO-0, 1 and 2 "
-                  "(ZeRO-3 gathers each layer through hooks the pipeline's stages do not drive "
-                  "yet)",
-                  options.pp, options.zero);
     QUINTET_CHECK(options.sample_tokens == 0,
                   "--pp {}: samples need the whole model on a rank (nn::gpt_decoder); give "
                   "--sample-tokens 0",

@@ -38,21 +38,11 @@ using bad = parallel::pp<parallel::ring>;
 // A tensor-parallel model needs a device mesh type; no_mesh is the serial model's.
 using bad = quintet::nn::gpt<float, quintet::host,
                              quintet::plan<parallel::tp<parallel::megatron_1d>>, parallel::no_mesh>;
-#elif defined(PLAN_CASE_TRAINER_FP16) || defined(PLAN_CASE_TRAINER_PIPELINE_ZERO3)
-#include <quintet/comm/thread_comm.hpp>
+#elif defined(PLAN_CASE_TRAINER_FP16)
 #include <quintet/data/markov_source.hpp>
-#include <quintet/parallel/data/zero.hpp>
-#include <quintet/parallel/pipeline/one_f_one_b.hpp>
 #include <quintet/train/trainer.hpp>
-#if defined(PLAN_CASE_TRAINER_FP16)
 // fp16 would need loss scaling, which is not built: of the 16-bit types only bf16 trains.
 using bad = quintet::train::trainer<quintet::half, quintet::markov_source>;
-#else
-using bad = quintet::train::trainer<
-    float, quintet::markov_source,
-    quintet::plan<parallel::dp<parallel::zero<3>>, parallel::pp<parallel::one_f_one_b>>,
-    quintet::device_mesh<quintet::thread_comm>>;
-#endif
 #endif
 
 int main() { return sizeof(bad) == 0; }

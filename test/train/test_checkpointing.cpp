@@ -32,6 +32,7 @@ namespace ckpt = quintet::checkpoint;
 template <int Stage>
 using dp_plan = quintet::plan<par::dp<par::zero<Stage>>>;
 using pp_plan = quintet::plan<par::dp<par::zero<0>>, par::pp<par::named_schedule>>;
+using zero3_pp_plan = quintet::plan<par::dp<par::zero<3>>, par::pp<par::named_schedule>>;
 using tp_pp_plan =
     quintet::plan<par::dp<par::zero<0>>, par::tp<par::megatron_1d>, par::pp<par::named_schedule>>;
 using ep_plan = quintet::plan<par::dp<par::zero<0>>, par::ep<par::top_k<2>>>;
@@ -153,6 +154,9 @@ TEST_CASE("a run saved and resumed continues bit for bit", "[parity][checkpoint]
   SECTION("dp 2, ZeRO-3") { check(std::type_identity<dp_plan<3>>{}, {.dp = 2}); }
   SECTION("tp 2") { check(std::type_identity<tp_plan>{}, {.tp = 2}); }
   SECTION("dp 2 x pp 2 (1f1b)") { check(std::type_identity<pp_plan>{}, {.dp = 2, .pp = 2}); }
+  SECTION("dp 2 x pp 2 (1f1b), ZeRO-3") {
+    check(std::type_identity<zero3_pp_plan>{}, {.dp = 2, .pp = 2});
+  }
   SECTION("MoE, ep 2") { check(std::type_identity<ep_plan>{}, {.dp = 2, .ep = 2}, moe_config()); }
   SECTION("MoE, dp 4 over ep 2, ZeRO-3") {
     check(std::type_identity<ep_zero_plan<3>>{}, {.dp = 4, .ep = 2}, moe_config());
@@ -200,6 +204,12 @@ TEST_CASE("a checkpoint saved under one plan loads under another", "[parity][che
   SECTION("dp 2 x pp 2 -> dp 4 ZeRO-3, and back") {
     check_reshard<pp_plan, dp_plan<3>>({.dp = 2, .pp = 2}, {.dp = 4});
     check_reshard<dp_plan<3>, pp_plan>({.dp = 4}, {.dp = 2, .pp = 2});
+  }
+  SECTION(
+      "dp 2 x pp 2 ZeRO-3 (each stage's shards, the tied table's on both ends) -> serial, and "
+      "back") {
+    check_reshard<zero3_pp_plan, quintet::serial_plan>({.dp = 2, .pp = 2}, {});
+    check_reshard<quintet::serial_plan, zero3_pp_plan>({}, {.dp = 2, .pp = 2});
   }
   SECTION("tp 2 x pp 2 -> dp 4 ZeRO-3, and back") {
     check_reshard<tp_pp_plan, dp_plan<3>>({.pp = 2, .tp = 2}, {.dp = 4});

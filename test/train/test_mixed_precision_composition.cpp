@@ -1,6 +1,6 @@
 // bf16 mixed precision composed with pipeline and expert parallelism, against the bf16 serial run
 // (bf16_parity.hpp): pp 2 under 1F1B, interleaved and ZB-V (the V map puts both ends of the model
-// on one rank), with tied and untied heads; dp 2 x pp 2 under ZeRO-0 and ZeRO-1; experts over
+// on one rank), with tied and untied heads; dp 2 x pp 2 under ZeRO-0, 1 and 3; experts over
 // ep 2 inside dp 2, with drops, under ZeRO-0 and ZeRO-1. The master weights hold every reduction
 // (the tied table's pp sum and its values shared after a ZeRO update too).
 #include <catch2/catch.hpp>
@@ -75,7 +75,7 @@ TEST_CASE("bf16 under pipeline parallelism gives the bf16 serial run",
 
 TEST_CASE("bf16 under dp 2 x pp 2 gives the bf16 serial run",
           "[train][mixed_precision][parity][pipeline]") {
-  for (const int zero : {0, 1})
+  for (const int zero : {0, 1, 3})
     for (const std::string schedule : {"1f1b", "zb-v"}) {
       const auto report = bf16_parity<bf16_pp_plan>(
           {.dp = 2, .pp = 2}, zero, bf16_within_adamw_bound, four_layers, pipelined(schedule, 2));

@@ -19,10 +19,11 @@
 //
 // on_parameter_access(access): forward and backward acquire each piece's parameters before the
 // piece runs and release them after (nn::parameter_access; ZeRO-3 gathers them). The head's use
-// includes the tied table when this stage holds the embedding too. The split backward
-// (backward_input / backward_weight) runs with parameters always held only. A block's activation
-// recomputation (gpt_config::recompute) runs inside its backward, so inside the backward's
-// acquire: the parameters the recomputed forward reads are there.
+// includes the tied table (this stage's copy, or the first stage's on a rank holding both). The
+// split backward acquires values in its input pass and gradients in its weight pass (no piece's
+// weight pass reads its values). A block's activation recomputation (gpt_config::recompute) runs
+// inside its backward, so inside the backward's acquire: the parameters the recomputed forward
+// reads are there.
 #pragma once
 
 #include <quintet/core/error.hpp>
@@ -51,6 +52,7 @@
 #include <quintet/tensor/reshape.hpp>
 #include <quintet/tensor/tensor.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -270,8 +272,9 @@ class gpt_stage {
     for (const auto& parameters : block_parameters_) piece_uses_.push_back(parameters);
     if (holds_head()) {
       piece_uses_.push_back(head_parameters_);
-      if (config_.tie_weights && holds_embedding())
-        piece_uses_.back().push_back(&embedding_->token_weight());
+      if (config_.tie_weights && std::find(head_parameters_.begin(), head_parameters_.end(),
+                                           &token_table()) == head_parameters_.end())
+        piece_uses_.back().push_back(&token_table());
     }
   }
   gpt_stage(parameter_registry<T, Device>&, const execution<Device>&&, const gpt_config&, stage_cut,
@@ -353,7 +356,6 @@ class gpt_stage {
 
   // The input pass of backward: the same input gradient; keeps what backward_weight needs.
   input_gradient_type backward_input(context<Device>& ctx, const gradient_type& gradient) {
-    refuse_split_with_access();
     quintet::tensor<T, Device> dx = blocks_backward(
         ctx, gradient, true, [&](block_type& block, tensor_view<const T, Device> dy) {
           return block.backward_input(ctx, dy, gradient.aux_loss_scale);
@@ -366,25 +368,29 @@ class gpt_stage {
   // The weight pass, in backward's order (the tied table takes the head's part, then the
   // embedding's), so the two passes give backward's bits.
   void backward_weight(context<Device>& ctx) {
-    refuse_split_with_access();
     const std::int64_t seq = saved(ctx).seq;
     if (holds_head()) {
-      if (head_) {
-        head_->backward_weight(ctx);
-      } else {
-        tied_head_weight_gradient(ctx, ctx.template get<T>("lm_head.output_grad"));
-        ctx.erase("lm_head.output_grad");
-      }
-      final_norm_->backward_weight(ctx);
-      announce(head_parameters_);
+      in_piece(piece_uses_.size() - 1, pass::backward_weight, [&] {
+        if (head_) {
+          head_->backward_weight(ctx);
+        } else {
+          tied_head_weight_gradient(ctx, ctx.template get<T>("lm_head.output_grad"));
+          ctx.erase("lm_head.output_grad");
+        }
+        final_norm_->backward_weight(ctx);
+        announce(head_parameters_);
+      });
     }
-    for (auto block = blocks_.rbegin(); block != blocks_.rend(); ++block) {
-      (*block)->backward_weight(ctx);
-      announce(parameters_of(**block));
-    }
+    for (auto block = blocks_.rbegin(); block != blocks_.rend(); ++block)
+      in_piece(block_piece(blocks_.rend() - block - 1), pass::backward_weight, [&] {
+        (*block)->backward_weight(ctx);
+        announce(parameters_of(**block));
+      });
     if (holds_embedding()) {
-      embedding_->backward_weight(ctx, sequence::activation_layout(mesh_, seq));
-      announce(embedding_parameters_);
+      in_piece(0, pass::backward_weight, [&] {
+        embedding_->backward_weight(ctx, sequence::activation_layout(mesh_, seq));
+        announce(embedding_parameters_);
+      });
     }
   }
 
@@ -484,16 +490,19 @@ class gpt_stage {
       if (blocks_[i].get() == &block) return block_parameters_[i];
     QUINTET_FAIL("gpt stage {}: a block it does not hold", cut_.index);
   }
-  enum class pass { forward, backward };
+  // backward_input and backward_weight: the split backward's two passes.
+  enum class pass { forward, backward, backward_input, backward_weight };
   std::size_t block_piece(std::ptrdiff_t block) const {
     return static_cast<std::size_t>(block) + (holds_embedding() ? 1 : 0);
   }
   // Piece i's use of its parameters in a pass: values except in the embedding's backward (which
-  // scatters into its gradient), gradients in backward.
+  // scatters into its gradient) and in a weight pass, gradients in backward and the weight pass.
   parameter_use<T, Device> use_of(std::size_t i, pass p) const {
+    const bool embedding = holds_embedding() && i == 0;
     return {.parameters = piece_uses_[i],
-            .values = p == pass::forward || !(holds_embedding() && i == 0),
-            .gradients = p == pass::backward};
+            .values = p == pass::forward ||
+                      ((p == pass::backward || p == pass::backward_input) && !embedding),
+            .gradients = p == pass::backward || p == pass::backward_weight};
   }
   // Runs `run` (piece i's computation in pass p) between the access hooks' acquire and release.
   template <class Run>
@@ -502,7 +511,7 @@ class gpt_stage {
     const parameter_use<T, Device> now = use_of(i, p);
     std::optional<parameter_use<T, Device>> next;
     if (p == pass::forward && i + 1 < piece_uses_.size()) next = use_of(i + 1, p);
-    if (p == pass::backward && i > 0) next = use_of(i - 1, p);
+    if (p != pass::forward && i > 0) next = use_of(i - 1, p);
     access_.acquire(now, next ? &*next : nullptr);
     if constexpr (std::is_void_v<decltype(run())>) {
       run();
@@ -512,13 +521,6 @@ class gpt_stage {
       access_.release(now);
       return result;
     }
-  }
-  void refuse_split_with_access() const {
-    QUINTET_CHECK(!access_,
-                  "gpt stage {}: the split backward (backward_input, backward_weight) needs its "
-                  "parameters held throughout; it does not run with parameter access hooks "
-                  "(ZeRO-3)",
-                  cut_.index);
   }
 
   void announce(const std::vector<parameter<T, Device>*>& parameters) {
@@ -533,7 +535,7 @@ class gpt_stage {
     auto block = blocks_.rbegin();
     quintet::tensor<T, Device> dx;
     if (holds_head()) {
-      dx = in_piece(piece_uses_.size() - 1, pass::backward, [&] {
+      dx = in_piece(piece_uses_.size() - 1, split ? pass::backward_input : pass::backward, [&] {
         quintet::tensor<T, Device> head_dx = head_backward(ctx, gradient.loss_scale, split);
         if (!split) announce(head_parameters_);
         return head_dx;
@@ -546,12 +548,14 @@ class gpt_stage {
                     "gpt stage {}: a gradient of shape {} from the next stage, expected {}",
                     cut_.index, gradient.activations.shape(), expected);
       if (block == blocks_.rend()) return copy_of(gradient.activations);
-      dx = in_piece(block_piece(blocks_.rend() - block - 1), pass::backward,
+      dx = in_piece(block_piece(blocks_.rend() - block - 1),
+                    split ? pass::backward_input : pass::backward,
                     [&] { return pass(**block, gradient.activations); });
       ++block;
     }
     for (; block != blocks_.rend(); ++block)
-      dx = in_piece(block_piece(blocks_.rend() - block - 1), pass::backward,
+      dx = in_piece(block_piece(blocks_.rend() - block - 1),
+                    split ? pass::backward_input : pass::backward,
                     [&] { return pass(**block, dx.view()); });
     return dx;
   }

@@ -4,8 +4,8 @@
 //
 //   model registry (T = bf16)          master registry (float)
 //   values   compute forward/backward  <- rounded from the master after each update (write_back)
-//   grads    one micro-batch's, in T    -> added into the master's fp32 gradient as soon as the
-//                                          model announces them (accumulate), then zeroed
+//   grads    since the last announcement -> added into the master's fp32 gradient as soon as the
+//            (a micro-batch's), in T       model announces them (accumulate), then zeroed
 //                                          master values, gradients (summed over micro-batches and
 //                                          reduced over ranks in fp32), and the optimizer's state
 //

@@ -67,8 +67,8 @@ class gpt_pipeline {
   // `layers`: layers per virtual stage of `s`, in stage order; empty: balanced_layers. Refused, at
   // construction and on every rank alike: a partition that does not cover the model's layers,
   // leaves a stage empty or has another number of stages than the schedule; a schedule that does
-  // not verify or moves contexts (BPipe). `mesh`: the rank's mesh under a plan (its pp group is
-  // `pp`), null for serial-plan stages.
+  // not verify. `mesh`: the rank's mesh under a plan (its pp group is `pp`), null for serial-plan
+  // stages.
   gpt_pipeline(nn::parameter_registry<T, Device>& registry, const execution<Device>& exec,
                const nn::gpt_config& config, parallel::pipeline::schedule s, Comm& pp,
                std::vector<int> layers = {}, Mesh* mesh = nullptr)
@@ -134,11 +134,12 @@ class gpt_pipeline {
   void sum_shared_gradients(nn::parameter_registry<U, Device>& registry) {
     parallel::pipeline::sum_shared_gradients(registry, pp_, runtime_.plan(), exec_);
   }
-  // The tied table's values from the first stage's rank to the last's (after a ZeRO-1/2 update:
-  // parallel::pipeline::share_first_stage_values says why), in `registry` as above.
-  template <class U>
-  void share_first_stage_values(nn::parameter_registry<U, Device>& registry) {
-    parallel::pipeline::share_first_stage_values(registry, pp_, runtime_.plan());
+  // The tied table's values from the first stage's rank to the last's (after a ZeRO update:
+  // parallel::pipeline::share_first_stage_values says why), in `registry` as above; `values_of(p)`
+  // where this rank holds them (ZeRO-3: its shard).
+  template <class U, class ValuesOf>
+  void share_first_stage_values(nn::parameter_registry<U, Device>& registry, ValuesOf&& values_of) {
+    parallel::pipeline::share_first_stage_values(registry, pp_, runtime_.plan(), values_of);
   }
 
   // The forward alone of micro-batches 0 .. micro_batches - 1 (evaluation): each micro-batch goes

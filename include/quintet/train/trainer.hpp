@@ -22,9 +22,10 @@
 // updates the parameters it holds, and the loss, known on the last stage's rank, is summed over
 // pp so every rank reports it. pp<named_schedule> takes the schedule's name from
 // training_options::pipeline (one plan type for every built-in schedule). Composes with
-// dp<zero<S>> for S = 0, 1, 2 (each dp replica a pipeline), with tp and sp (the stages are the
+// dp<zero<S>> for every stage (each dp replica a pipeline), with tp and sp (the stages are the
 // plan's: each stage's tp and sp ranks hold its shards and run the same action list) and with ep;
-// ZeRO-3 with pp is refused (at compile time for zero<3>, at construction for a run-time stage).
+// under ZeRO-3 every stage gathers its pieces through the access hooks (the split backward too)
+// and the tied table, a piece of its own, keeps its whole gradient until its pp sum.
 //
 // Mixture of experts (gpt_config::experts): the objective is the mean cross-entropy plus, for every
 // MoE block, the mean over the step's routing calls — micro-batches x dp ranks, each routing its
@@ -73,6 +74,7 @@
 #include <quintet/parallel/pipeline/catalog.hpp>
 #include <quintet/parallel/plan.hpp>
 #include <quintet/parallel/synchronize_gradients.hpp>
+#include <quintet/tensor/tensor_view.hpp>
 #include <quintet/train/executor.hpp>
 #include <quintet/train/gpt_pipeline.hpp>
 
@@ -80,6 +82,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -220,13 +223,6 @@ class trainer {
       return 0;
     }
   }();
-  // ZeRO-3 gathers a piece's parameters through the stage's access hooks, which the pipeline's
-  // stages (and their split backward) do not drive yet: pp composes with ZeRO-0, 1 and 2 (a stage
-  // chosen at run time is checked in zero_stage_for).
-  static_assert(!is_pipelined || !is_data_parallel ||
-                    zero_stage_of<typename Plan::template style<parallel::strategy::data>> <= 2,
-                "train::trainer: pp<...> composes with dp<zero<0>>, zero<1> and zero<2>; ZeRO-3 "
-                "with pipeline parallelism is not supported yet");
   // The run's ZeRO stage: the plan's, or under dp<zero<runtime_stage>> the options' (0 without
   // data parallelism).
   static int zero_stage_for(const training_options& options) {
@@ -240,10 +236,6 @@ class trainer {
                       "training: the plan {} takes its ZeRO stage at run time; set "
                       "training_options::zero_stage to 0, 1, 2 or 3",
                       Plan::name());
-        QUINTET_CHECK(!is_pipelined || options.zero_stage <= 2,
-                      "training: pp<...> composes with ZeRO-0, 1 and 2; ZeRO-{} with pipeline "
-                      "parallelism is not supported yet",
-                      options.zero_stage);
         return options.zero_stage;
       } else {
         QUINTET_CHECK(options.zero_stage < 0 || options.zero_stage == planned,
@@ -349,33 +341,31 @@ class trainer {
                     "training: a global batch of {} sequences does not split over dp = {} ranks x "
                     "{} micro-batches",
                     options.batch, dp, options.micro_batches);
-      const parallel::data_parallel_options dp_options = data_parallel_options();
+      const parallel::data_parallel_options dp_options = data_parallel_settings();
       using runtime_type = parallel::data_parallel_runtime<master_value_type, host, Mesh>;
-      if constexpr (is_pipelined) {
-        // Under mixed precision the buckets are the master's.
-        state_registry().flatten(runtime_type::layout(dp_options), exec_);
-      } else if constexpr (is_mixed) {
+      // The buckets are the master's under mixed precision; ZeRO-3 cuts them at the pieces.
+      if constexpr (is_mixed) {
         std::vector<std::vector<nn::parameter<master_value_type, host>*>> pieces;
-        for (const auto& piece : model_.model.stage().piece_parameters()) {
+        for (const auto& piece : model_pieces()) {
           auto& masters = pieces.emplace_back();
           for (const auto* p : piece) masters.push_back(&master_.weights.master_of(*p));
         }
         state_registry().flatten(runtime_type::layout(dp_options, pieces), exec_);
       } else {
-        registry_.flatten(runtime_type::layout(dp_options, model_.model.stage().piece_parameters()),
-                          exec_);
+        const auto pieces = model_pieces();
+        registry_.flatten(runtime_type::layout(dp_options, pieces), exec_);
       }
       data_parallel_.emplace(state_registry(), *mesh_, exec_, dp_options);
       for (const auto& owned : data_parallel_->optimizer_ranges())
         optimizer_.own(owned.name, owned.range, owned.gradient, owned.value);
-      if constexpr (!is_pipelined) {
-        if (dp_options.zero_stage == 3) {
-          if constexpr (is_mixed) {
-            master_shards_.emplace(registry_, master_.weights, *data_parallel_, exec_);
-            model_.model.stage().on_parameter_access(master_shards_->parameter_access());
-          } else {
-            model_.model.stage().on_parameter_access(data_parallel_->parameter_access());
-          }
+      if (dp_options.zero_stage == 3) {
+        if constexpr (is_mixed) {
+          master_shard_access_.emplace(registry_, master_.weights, *data_parallel_, exec_);
+          for (auto* stage : model_.stages())
+            stage->on_parameter_access(master_shard_access_->parameter_access());
+        } else {
+          for (auto* stage : model_.stages())
+            stage->on_parameter_access(data_parallel_->parameter_access());
         }
       }
       // The tied table, held by the first and the last stage, is left unannounced where its
@@ -387,6 +377,9 @@ class trainer {
       //   stage ranks' shards of the table are different ranges of different buckets: the two
       //   copies are summed over pp first (sums are linear: only the rounding differs), and the
       //   first stage's values are sent to the other rank after the update.
+      // - Under ZeRO-3 the same: the table's whole gradient lives through the step on both ranks
+      //   (a bucket of its own: model_pieces), is summed over pp, then scattered; the first
+      //   stage's shard of its values is sent to the other rank, whose shard is the same range.
       // Under ZeRO-0 with the stages on two ranks each copy is reduced during backward and the
       // two reduced copies summed after (both ranks add the same two terms: the same bits).
       if constexpr (is_pipelined) {
@@ -408,7 +401,8 @@ class trainer {
       for (auto* stage : model_.stages())
         stage->on_gradients_ready([this](std::span<nn::parameter<T, host>* const> ready) {
           if constexpr (is_data_parallel) {
-            if (master_shards_) return master_shards_->gradients_ready(ready);
+            if (master_shard_access_)
+              return announce_to_data_parallel(master_shard_access_->accumulate(ready));
           }
           const auto masters = master_.weights.accumulate(ready);
           if constexpr (is_data_parallel) announce_to_data_parallel(masters);
@@ -458,7 +452,7 @@ class trainer {
       data_parallel_->begin_step(static_cast<int>(micro.size()));
       data_parallel_->zero_grad();
       if constexpr (is_mixed)
-        if (master_shards_) master_shards_->begin_step();
+        if (master_shard_access_) master_shard_access_->begin_step();
     } else {
       state_registry().zero_grad(exec_);
     }
@@ -547,7 +541,7 @@ class trainer {
     if constexpr (is_data_parallel) {
       data_parallel_->gather_parameters();
       if constexpr (is_pipelined)
-        if (zero_stage_ >= 1) model_.pipeline.share_first_stage_values(state_registry());
+        if (zero_stage_ >= 1) share_tied_table_values();
     }
     // Under ZeRO-3 each piece's values are rounded as it is gathered.
     if constexpr (is_mixed)
@@ -661,33 +655,68 @@ class trainer {
     data_parallel_->gradients_ready(announced);
   }
 
-  parallel::data_parallel_options data_parallel_options() const {
+  // Data parallelism's options for this run (its ZeRO stage, the bucket size).
+  parallel::data_parallel_options data_parallel_settings() const {
     return {.zero_stage = zero_stage_, .bucket_elements = options_.bucket_elements};
   }
   // How the model's registry is flattened before a mixed-precision master mirrors it: under ZeRO-3
-  // cut at the pieces as the master's buckets will be (master_shard_access makes the model's
-  // buffers per piece); otherwise nothing (the default layout, or data parallelism's own).
+  // cut at the same pieces as the master's buckets (master_shard_access makes the model's buffers
+  // per piece, mapping each parameter to its master: no size limit, no shard padding, the model
+  // is never sharded); otherwise nothing (the default layout).
   std::optional<nn::bucket_layout> model_layout() {
-    if constexpr (is_mixed && is_data_parallel && !is_pipelined) {
-      if (zero_stage_ == 3)
-        return parallel::data_parallel_layout(data_parallel_options(),
-                                              std::span<const std::vector<nn::parameter<T, host>*>>(
-                                                  model_.model.stage().piece_parameters()));
+    if constexpr (is_mixed && is_data_parallel) {
+      if (zero_stage_ == 3) {
+        const auto pieces = model_pieces();
+        nn::bucket_layout layout = parallel::data_parallel_layout(
+            data_parallel_settings(),
+            std::span<const std::vector<nn::parameter<T, host>*>>(pieces));
+        layout.max_elements = 0;
+        layout.shardable = false;
+        return layout;
+      }
     }
     return std::nullopt;
+  }
+  // The pieces ZeRO-3 cuts the buckets at: every piece of the rank's stages, in stage order. Under
+  // pp the tied table is a piece of its own, first, so the buckets holding its two copies (on the
+  // first and the last stage's ranks) are alike: the same shards, reduced alike over dp, so both
+  // copies take the same update bits.
+  std::vector<std::vector<nn::parameter<T, host>*>> model_pieces() {
+    std::vector<std::vector<nn::parameter<T, host>*>> out;
+    if constexpr (is_pipelined)
+      for (auto& p : registry_)
+        if (p.placement.stages().size() >= 2) out.push_back({&p});
+    for (auto* stage : model_.stages())
+      for (const auto& piece : stage->piece_parameters()) out.push_back(piece);
+    return out;
   }
   // ZeRO-3: every parameter gathered for reading outside a step (whole_parameters), and dropped.
   void gather_whole_model() {
     if constexpr (is_mixed) {
-      if (master_shards_) return master_shards_->hold_whole_model();
+      if (master_shard_access_) return master_shard_access_->hold_whole_model();
     }
     data_parallel_->gather_whole_model();
   }
   void release_whole_model() {
     if constexpr (is_mixed) {
-      if (master_shards_) return master_shards_->release_whole_model();
+      if (master_shard_access_) return master_shard_access_->release_whole_model();
     }
     data_parallel_->release_whole_model();
+  }
+
+  // pp with ZeRO: the tied table's values (ZeRO-3: this rank's shard of them) from the first
+  // stage's rank to the last's after the update (share_first_stage_values says why).
+  void share_tied_table_values() requires is_pipelined && is_data_parallel {
+    using view = tensor_view<master_value_type, host>;
+    std::map<std::string, view, std::less<>> shards;
+    if (zero_stage_ == 3)
+      for (const auto& owned : data_parallel_->optimizer_ranges()) shards[owned.name] = owned.value;
+    model_.pipeline.share_first_stage_values(
+        state_registry(), [&](nn::parameter<master_value_type, host>& p) {
+          if (zero_stage_ != 3) return view(p.value);
+          const auto found = shards.find(p.name);
+          return found == shards.end() ? view{} : found->second;
+        });
   }
 
   // Where gradients are reduced and parameters updated: the master registry under mixed
@@ -882,7 +911,7 @@ class trainer {
   optim::adamw<master_value_type, host> optimizer_;
   optim::cosine_schedule schedule_;
   typename runtime_slot<is_data_parallel, Mesh>::type data_parallel_;
-  typename shard_access_slot<is_mixed && is_data_parallel, Mesh>::type master_shards_;
+  typename shard_access_slot<is_mixed && is_data_parallel, Mesh>::type master_shard_access_;
   // pp with dp: the tied table's gradient is left unannounced, reduced over dp after its pp sum.
   bool shared_after_backward_ = false;
   std::int64_t next_step_ = 0;

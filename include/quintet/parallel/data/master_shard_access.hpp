@@ -1,8 +1,9 @@
 // master_shard_access: ZeRO-3 under mixed precision. data_parallel_runtime shards the fp32 master
 // registry (values, gradients and AdamW's moments: 16 / dp bytes per parameter, as in fp32); the
 // model's 16-bit buffers exist only while a piece (a layer) uses them. The model's registry is
-// flattened with the master's layout (data_parallel_layout: buckets cut at the pieces), so a
-// piece's model buckets are made and dropped together:
+// flattened with buckets cut at the same pieces as the master's (data_parallel_layout's piece
+// boundaries; each parameter is mapped to its master, so the two need not split a piece alike),
+// so a piece's model buckets are made and dropped together:
 //
 //   acquire(piece)    the runtime gathers the piece's master buckets (fp32, the next piece's
 //                     gather posted); the piece's model value buffers are made and take the
@@ -10,10 +11,10 @@
 //                     ZeRO-3); in backward the model's gradient buffers are made, zeroed, and the
 //                     master's (the runtime's)
 //   announcement      each micro-batch's 16-bit gradient of a piece is added into the master's
-//                     fp32 buffer (master_weights::accumulate) and handed to the runtime, which
+//                     fp32 buffer (accumulate) and handed to the runtime by the caller, which
 //                     reduce-scatters it; a model gradient buffer whose parameters have all been
 //                     announced is dropped (the tied table's lives from the head's backward to
-//                     the embedding's, as the master's does)
+//                     the embedding's announcement)
 //   release(piece)    the model's value buffers dropped, and the master's (reference counted:
 //                     the head's use holds the embedding's buckets too)
 //
@@ -48,7 +49,7 @@ class master_shard_access {
  public:
   using runtime_type = data_parallel_runtime<master_type, Device, Mesh>;
 
-  // `model` flattened with the master's data_parallel_layout; `runtime` under ZeRO-3, on
+  // `model` flattened with buckets cut at the master's pieces; `runtime` under ZeRO-3, on
   // `master`'s registry. The model's buffers are dropped here: from now on they exist per use.
   master_shard_access(nn::parameter_registry<T, Device>& model,
                       optim::master_weights<T, Device>& master, runtime_type& runtime,
@@ -89,10 +90,13 @@ class master_shard_access {
     }
   }
 
-  // The stage's hook: these model parameters' gradients of one micro-batch are complete.
-  void gradients_ready(std::span<model_parameter* const> ready) {
-    const std::vector<master_parameter*> masters = master_.accumulate(ready);
-    runtime_.gradients_ready(masters);
+  // The stage's hook: these model parameters' gradients of one micro-batch are complete. They are
+  // added into their masters' fp32 gradients, which are returned for the runtime to hear of
+  // (data_parallel_runtime::gradients_ready: the caller may hold some back, as a pipeline holds
+  // the tied table until its pp sum); model gradient buffers wholly announced are dropped.
+  [[nodiscard]] std::vector<master_parameter*> accumulate(std::span<model_parameter* const> ready) {
+    std::vector<master_parameter*> masters = master_.accumulate(ready);
+    if (masters.empty()) return masters;  // outside a step: nothing was touched
     auto& buckets = model_.buckets();
     for (auto* p : ready) {
       const std::size_t b = bucket(*p);
@@ -101,6 +105,7 @@ class master_shard_access {
         model_.release_gradients(buckets[b]);
       }
     }
+    return masters;
   }
 
   // Every model parameter's values whole (sampling, comparisons) until release_whole_model();
@@ -115,16 +120,6 @@ class master_shard_access {
   void release_whole_model() {
     for (std::size_t b = 0; b < slots_.size(); ++b) release_values(b);
     runtime_.release_whole_model();
-  }
-
-  // The model's 16-bit elements held now, values and gradients (0 between steps).
-  std::int64_t model_elements_held() const {
-    std::int64_t n = 0;
-    for (const auto& bucket : model_.buckets()) {
-      if (bucket.values.data() != nullptr) n += bucket.values.numel();
-      if (bucket.grads.data() != nullptr) n += bucket.grads.numel();
-    }
-    return n;
   }
 
  private:

@@ -18,6 +18,7 @@
 #include <quintet/parallel/pipeline/schedule.hpp>
 #include <quintet/tensor/copy.hpp>
 #include <quintet/tensor/tensor.hpp>
+#include <quintet/tensor/tensor_view.hpp>
 
 #include <algorithm>
 #include <deque>
@@ -75,15 +76,17 @@ void sum_shared_gradients(nn::parameter_registry<T, Device>& registry, Comm& pp,
     kernels::add(exec, summed[i]->grad, received[i], summed[i]->grad);
 }
 
-// After an update under ZeRO-1 or -2: the values of each parameter several stages hold sent from
-// the rank of its first stage to the other rank, so the copies stay the same bits. Each copy was
+// After an update under ZeRO: the values of each parameter several stages hold sent from the
+// rank of its first stage to the other rank, so the copies stay the same bits. Each copy was
 // updated from its own dp reduction of the same summed gradient, and MPI's and NCCL's segmented
-// reductions may sum in an order that depends on where the parameter sits in its bucket (its two
-// ranks' buckets differ). Without ZeRO no copy is needed: both ranks add the same two dp-reduced
-// terms. Called by every rank of `pp`.
-template <class T, class Device, communicator Comm>
+// reductions may sum in an order that depends on where the parameter sits in its bucket (under
+// ZeRO-1/2 its two ranks' buckets differ). Without ZeRO no copy is needed: both ranks add the same
+// two dp-reduced terms. `values_of(p)` is where this rank holds p's values: its view (ZeRO-1, 2),
+// or its shard (ZeRO-3, where the table is a bucket of its own on both ranks: the same range).
+// Called by every rank of `pp`.
+template <class T, class Device, communicator Comm, class ValuesOf>
 void share_first_stage_values(nn::parameter_registry<T, Device>& registry, Comm& pp,
-                              const schedule& s) {
+                              const schedule& s, ValuesOf&& values_of) {
   QUINTET_CHECK(s.ranks() == pp.size(),
                 "pipeline: schedule '{}' has {} ranks, the pp communicator {}", s.name, s.ranks(),
                 pp.size());
@@ -92,12 +95,20 @@ void share_first_stage_values(nn::parameter_registry<T, Device>& registry, Comm&
     if (p.placement.stages().size() < 2) continue;
     const int peer = sharing_peer(p.placement, s, pp.rank(), p.name);
     if (peer < 0) continue;
-    QUINTET_CHECK(p.value.is_contiguous(), "pipeline: the values of '{}' are not contiguous",
+    tensor_view<T, Device> values = values_of(p);
+    if (values.numel() == 0 || values.data() == nullptr) continue;  // none of it here (a shard)
+    QUINTET_CHECK(values.is_contiguous(), "pipeline: the values of '{}' are not contiguous",
                   p.name);
     const bool first = s.rank_of(p.placement.stages().front()) == pp.rank();
-    ops.push_back(first ? p2p_op::send(p.value, peer) : p2p_op::recv(p.value, peer));
+    ops.push_back(first ? p2p_op::send(values, peer) : p2p_op::recv(values, peer));
   }
   if (!ops.empty()) pp.exchange(ops);
+}
+template <class T, class Device, communicator Comm>
+void share_first_stage_values(nn::parameter_registry<T, Device>& registry, Comm& pp,
+                              const schedule& s) {
+  share_first_stage_values(
+      registry, pp, s, [](nn::parameter<T, Device>& p) { return tensor_view<T, Device>(p.value); });
 }
 
 }  // namespace quintet::parallel::pipeline
