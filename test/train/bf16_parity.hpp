@@ -52,6 +52,15 @@ train::parity_report bf16_parity(quintet::mesh_degrees degrees, int zero_stage,
   return train::compare_with_serial(serial, ranks, tolerance, Plan::name());
 }
 
+// `dense` with 4 experts, top-2, in every block, at capacity 1.0 (with drops).
+inline quintet::nn::gpt_config bf16_moe_model(quintet::nn::gpt_config dense) {
+  dense.experts = 4;
+  dense.top_k = 2;
+  dense.moe_every = 1;
+  dense.capacity_factor = 1.0;
+  return dense;
+}
+
 // Where bf16 rounding flips between runs: the loss within 2e-4 relative, every parameter within
 // lr x steps of the serial one (what AdamW can move it at the setup's rate 1e-3 over 5 steps).
 inline const train::parity_tolerance bf16_within_adamw_bound{

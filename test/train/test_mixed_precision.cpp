@@ -171,11 +171,7 @@ TEST_CASE("bf16 under data parallelism gives the bf16 serial run",
 TEST_CASE("a bf16 mixture-of-experts model under data parallelism gives the bf16 serial run",
           "[train][mixed_precision][parity][moe]") {
   // Every rank holds every expert (no ep); the grouped products and the routing run in bf16.
-  quintet::nn::gpt_config moe = small_model;
-  moe.experts = 4;
-  moe.top_k = 2;
-  moe.moe_every = 1;
-  moe.capacity_factor = 1.0;  // with drops
+  const quintet::nn::gpt_config moe = quintet::test::bf16_moe_model(small_model);
   const quintet::train::parity_tolerance exact{
       .loss_relative = 0.0, .parameter_relative = 0.0, .parameter_absolute = 0.0};
   const auto report = bf16_parity<dp_tp_plan>({.dp = 2}, 0, exact, moe);

@@ -87,12 +87,9 @@ TEST_CASE("bf16 under dp 2 x pp 2 gives the bf16 serial run",
 
 TEST_CASE("bf16 with experts over ep 2 gives the bf16 serial run",
           "[train][mixed_precision][parity][moe]") {
-  quintet::nn::gpt_config moe = four_layers;
-  moe.layers = 2;
-  moe.experts = 4;
-  moe.top_k = 2;
-  moe.moe_every = 1;
-  moe.capacity_factor = 1.0;  // with drops
+  quintet::nn::gpt_config two_layers = four_layers;
+  two_layers.layers = 2;
+  const quintet::nn::gpt_config moe = quintet::test::bf16_moe_model(two_layers);  // with drops
   for (const int zero : {0, 1}) {
     const auto report =
         bf16_parity<bf16_ep_plan>({.dp = 2, .ep = 2}, zero, bf16_within_adamw_bound, moe);
