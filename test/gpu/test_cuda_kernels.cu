@@ -1,6 +1,8 @@
 // The CUDA twins against the host kernels on the same random operands: the cuBLASLt matmul (fp32
 // and bf16; transposes, batches, a shared B, beta) and the CUB layer norm forward and backward
 // (fused, and split into its input and weight passes).
+#include "gpu_test_support.hpp"
+
 #include <catch2/catch.hpp>
 
 #include <quintet/kernels/cuda/layer_norm.cuh>
@@ -25,55 +27,9 @@ using quintet::host;
 using quintet::shape;
 using quintet::tensor;
 namespace k = quintet::kernels;
+using namespace quintet::gpu_test;
 
 namespace {
-
-template <class T>
-tensor<T, host> random_host(shape extents, std::uint64_t stream, double low = -1.0,
-                            double high = 1.0) {
-  tensor<T, host> t(extents);
-  quintet::fill_uniform(t, {.seed = 99, .stream = stream}, low, high);
-  return t;
-}
-
-template <class T>
-tensor<T, device> to_device(const tensor<T, host>& h) {
-  tensor<T, device> d(h.shape());
-  quintet::copy(d, h);
-  return d;
-}
-
-template <class T>
-tensor<T, host> to_host(const tensor<T, device>& d) {
-  tensor<T, host> h(d.shape());
-  quintet::copy(h, d);
-  return h;
-}
-
-// Every |got - want| <= atol + rtol |want|.
-template <class T>
-void require_close(const tensor<T, host>& got, const tensor<T, host>& want, double rtol,
-                   double atol, const char* what) {
-  REQUIRE(got.shape() == want.shape());
-  double worst = 0;
-  std::int64_t at = 0;
-  for (std::int64_t i = 0; i < got.numel(); ++i) {
-    const double g = static_cast<float>(got.data()[i]), w = static_cast<float>(want.data()[i]);
-    const double excess = std::abs(g - w) - (atol + rtol * std::abs(w));
-    if (!(excess <= worst)) {
-      worst = std::isnan(excess) ? INFINITY : excess;
-      at = i;
-    }
-  }
-  INFO(what << ": worst element " << at << " exceeds the tolerance by " << worst);
-  REQUIRE(worst <= 0.0);
-}
-
-template <class T>
-bool same_bits(const tensor<T, host>& a, const tensor<T, host>& b) {
-  return a.shape() == b.shape() &&
-         std::memcmp(a.data(), b.data(), static_cast<std::size_t>(a.numel()) * sizeof(T)) == 0;
-}
 
 struct product_case {
   shape a, b, c;
