@@ -4,5 +4,7 @@ add_library(quintet_project_options INTERFACE)
 target_compile_options(quintet_project_options INTERFACE
   $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Werror>
   $<$<COMPILE_LANGUAGE:CUDA>:-Werror=all-warnings --expt-relaxed-constexpr
-                             -Xcompiler=-Wall,-Wextra,-Werror>)
+                             -Xcompiler=-Wall,-Wextra,-Werror>
+  # CMake 3.25 does not know how to ask nvcc 13 for C++20, so the flag is given directly.
+  $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20>)
 target_link_libraries(quintet_project_options INTERFACE quintet::quintet)

@@ -36,14 +36,22 @@ TEST_CASE("split_rows rejects parts that do not divide, bad indices and bad rang
   REQUIRE_THROWS_WITH(split_rows({-2, 2}, 2, 0), Catch::Contains("row range [-2, 2)"));
 }
 
+namespace {
+
+// A source whose window of row r at step 7 is 100 r + 1, 100 r + 4, 100 r + 7, ...
+struct counting_windows {
+  void write_window(std::int64_t step, std::int64_t row, std::span<std::int32_t> window) const {
+    CHECK(step == 7);
+    for (std::size_t i = 0; i < window.size(); ++i)
+      window[i] = static_cast<std::int32_t>(100 * row + 3 * i + 1);
+  }
+};
+
+}  // namespace
+
 TEST_CASE("assemble_token_batch shifts each window into inputs and targets", "[data][batch]") {
   const std::int64_t seq = 5;
-  const auto batch = quintet::assemble_token_batch(
-      7, {3, 6}, seq, [](std::int64_t row, std::span<std::int32_t> window) {
-        for (std::size_t i = 0; i < window.size(); ++i) {
-          window[i] = static_cast<std::int32_t>(100 * row + 3 * i + 1);
-        }
-      });
+  const auto batch = quintet::assemble_token_batch(counting_windows{}, 7, {3, 6}, seq);
   CHECK(batch.step == 7);
   CHECK(batch.rows == row_range{3, 6});
   CHECK(batch.row_count() == 3);

@@ -1,6 +1,6 @@
 // Message formatting for checks. Host code uses fmt, with format strings checked at compile time.
-// fmt 9 does not compile under nvcc in C++20 mode, so CUDA translation units use a small
-// substitute that replaces each "{}" with the next argument as an ostream prints it.
+// nvcc's front end does not take fmt 9's consteval format strings, so CUDA translation units use
+// a small substitute that replaces each "{}" with the next argument as an ostream prints it.
 #pragma once
 
 #include <string>
@@ -28,7 +28,7 @@ void append_formatted(std::ostringstream& out, const Value& value) {
 template <class... Args>
 std::string format_message(std::string_view format, const Args&... args) {
   std::ostringstream out;
-  auto emit = [&](const auto& value) {
+  [[maybe_unused]] auto emit = [&](const auto& value) {
     const auto at = format.find("{}");
     if (at == std::string_view::npos) return;
     out << format.substr(0, at);

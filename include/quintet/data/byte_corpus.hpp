@@ -103,13 +103,15 @@ class byte_corpus {
 
   // Rows `rows` of the global batch of step `step`: each row the seq + 1 bytes at its offset.
   token_batch batch(std::int64_t step, row_range rows, std::int64_t seq) const {
-    return assemble_token_batch(step, rows, seq,
-                                [&](std::int64_t row, std::span<std::int32_t> window) {
-                                  const std::int64_t at = window_offset(step, row, seq);
-                                  for (std::size_t i = 0; i < window.size(); ++i) {
-                                    window[i] = bytes_[static_cast<std::size_t>(at) + i];
-                                  }
-                                });
+    return assemble_token_batch(*this, step, rows, seq);
+  }
+
+  // The window of row `row` of step `step`: its seq + 1 = window.size() bytes.
+  void write_window(std::int64_t step, std::int64_t row, std::span<std::int32_t> window) const {
+    const auto seq = static_cast<std::int64_t>(window.size()) - 1;
+    const std::int64_t at = window_offset(step, row, seq);
+    for (std::size_t i = 0; i < window.size(); ++i)
+      window[i] = bytes_[static_cast<std::size_t>(at) + i];
   }
 
  private:

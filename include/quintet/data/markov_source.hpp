@@ -130,7 +130,7 @@ class markov_source {
   // Writes window `row` of step `step`: window.size() consecutive tokens of the stationary
   // process, drawn from Philox stream (seed, step) at indices [row 2^32, row 2^32 + size), so any
   // row of any step is produced alone, identically on every rank.
-  void sample_window(std::int64_t step, std::int64_t row, std::span<std::int32_t> window) const {
+  void write_window(std::int64_t step, std::int64_t row, std::span<std::int32_t> window) const {
     QUINTET_CHECK(step >= 0 && row >= 0 && row < max_batch_rows,
                   "Markov window (step {}, row {}) is out of range", step, row);
     QUINTET_CHECK(std::int64_t(window.size()) <= max_sequence_length + 1,
@@ -159,13 +159,10 @@ class markov_source {
     }
   }
 
-  // Rows `rows` of the global batch of step `step`; each row is sample_window(step, row) of
+  // Rows `rows` of the global batch of step `step`; each row is write_window(step, row) of
   // seq + 1 tokens, inputs its first seq and targets its last seq.
   token_batch batch(std::int64_t step, row_range rows, std::int64_t seq) const {
-    return assemble_token_batch(step, rows, seq,
-                                [&](std::int64_t row, std::span<std::int32_t> window) {
-                                  sample_window(step, row, window);
-                                });
+    return assemble_token_batch(*this, step, rows, seq);
   }
 
  private:

@@ -73,11 +73,24 @@ struct token_batch {
   std::int64_t seq() const { return inputs.extent(1); }
 };
 
-// Builds a token_batch from windows of seq + 1 tokens: write_window(row, window) fills the window
-// of global row `row`; inputs take its first seq tokens and targets its last seq.
-template <class WriteWindow>
-token_batch assemble_token_batch(std::int64_t step, row_range rows, std::int64_t seq,
-                                 WriteWindow&& write_window) {
+// Builds a token_batch from windows of seq + 1 tokens: source.write_window(step, row, window)
+// fills the window of global row `row`; inputs take its first seq tokens and targets its last seq.
+// The source is passed itself rather than a capturing lambda: this template is instantiated by
+// both g++ and nvcc translation units of one program (train_gpt), and the two compilers lay out
+// a lambda's captures in different orders, so the one instance the linker keeps would read the
+// other compiler's closure wrongly.
+//
+// token_window_source: what it reads rows from. Requires
+//   s.write_window(step, row, window)  fill `window` (seq + 1 tokens) with row `row` of step `step`
+template <class Source>
+concept token_window_source = requires(const Source& s, std::int64_t step, std::int64_t row,
+                                       std::span<std::int32_t> window) {
+  s.write_window(step, row, window);
+};
+
+template <token_window_source Source>
+token_batch assemble_token_batch(const Source& source, std::int64_t step, row_range rows,
+                                 std::int64_t seq) {
   check_batch_request(step, rows, seq);
   token_batch batch{.step = step,
                     .rows = rows,
@@ -85,7 +98,7 @@ token_batch assemble_token_batch(std::int64_t step, row_range rows, std::int64_t
                     .targets = tensor<std::int32_t, host>(quintet::shape{rows.size(), seq})};
   std::vector<std::int32_t> window(static_cast<std::size_t>(seq) + 1);
   for (std::int64_t r = 0; r < rows.size(); ++r) {
-    write_window(rows.begin + r, std::span<std::int32_t>(window));
+    source.write_window(step, rows.begin + r, std::span<std::int32_t>(window));
     std::int32_t* inputs = batch.inputs.data() + r * seq;
     std::int32_t* targets = batch.targets.data() + r * seq;
     for (std::int64_t i = 0; i < seq; ++i) {

@@ -14,11 +14,13 @@
 //
 // Blocks of keys: a query's result over keys split into blocks is the attention_merge of its
 // per-block (out, lse); its gradients are the sum over blocks of attention_backward_block, each
-// given the final lse and delta = rowsum(dout * out) of the merged output. Host only.
+// given the final lse and delta = rowsum(dout * out) of the merged output. Host here; cuda (tiled
+// online-softmax kernels) in <quintet/kernels/cuda/attention.cuh>.
 #pragma once
 
 #include <quintet/core/error.hpp>
 #include <quintet/kernels/accumulator.hpp>
+#include <quintet/kernels/attention_layout.hpp>
 #include <quintet/kernels/execution.hpp>
 #include <quintet/kernels/host/attention.hpp>
 #include <quintet/kernels/operand.hpp>
@@ -31,8 +33,8 @@ namespace quintet::kernels {
 template <class Device>
 struct attention_engine {
   static_assert(quintet::detail::always_false<Device>,
-                "attention_forward and attention_backward have only a host implementation: their "
-                "CUDA twin is not written yet");
+                "attention on this device needs its implementation: for quintet::cuda include "
+                "<quintet/kernels/cuda/attention.cuh> in a translation unit compiled by nvcc");
 };
 
 template <>

@@ -3,7 +3,7 @@
 // (padding). Forward returns the loss sum and the counted rows (a data-parallel mean divides the
 // global sum by the global count) and saves each row's log-sum-exp; backward writes
 // scale * (softmax - onehot), scale being the caller's dloss/dsum (1 / count for the mean). Host
-// only.
+// here; cuda in <quintet/kernels/cuda/cross_entropy.cuh>.
 //
 // The vocabulary-parallel pieces (cross_entropy_shard_*) compute the same loss when each rank holds
 // only columns [begin, begin + columns) of the vocabulary, `valid` of them real and the rest
@@ -42,8 +42,8 @@ inline constexpr std::int32_t no_target = -1;
 template <class Device>
 struct cross_entropy_engine {
   static_assert(quintet::detail::always_false<Device>,
-                "cross_entropy_forward and cross_entropy_backward have only a host implementation: "
-                "their CUDA twin is not written yet");
+                "cross_entropy on this device needs its implementation: for quintet::cuda include "
+                "<quintet/kernels/cuda/cross_entropy.cuh> in a translation unit compiled by nvcc");
 };
 
 template <>

@@ -4,6 +4,7 @@
 //
 //   dropout_forward(exec, x_shard, y_shard, p, key, region(full).chunk(1, tp, r))
 //   => y_shard == chunk(dropout of the full tensor, 1, tp, r), bit for bit.
+// Host here; cuda (the same mask and bits) in <quintet/kernels/cuda/dropout.cuh>.
 #pragma once
 
 #include <quintet/core/error.hpp>
@@ -18,8 +19,9 @@ namespace quintet::kernels {
 template <class Device>
 struct dropout_engine {
   static_assert(quintet::detail::always_false<Device>,
-                "dropout_forward and dropout_backward have only a host implementation: their CUDA "
-                "twin is not written yet");
+                "dropout_forward and dropout_backward on this device need their implementation: "
+                "for quintet::cuda include <quintet/kernels/cuda/dropout.cuh> in a translation "
+                "unit compiled by nvcc");
 };
 
 template <>

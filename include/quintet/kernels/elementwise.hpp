@@ -17,13 +17,14 @@
 
 namespace quintet::kernels {
 
-// elementwise_engine<Device>: the device's loops. Only the host has them so far.
+// elementwise_engine<Device>: the device's loops. Host here; cuda in
+// <quintet/kernels/cuda/elementwise.cuh>.
 template <class Device>
 struct elementwise_engine {
-  static_assert(
-      quintet::detail::always_false<Device>,
-      "bias_add, bias_grad, gelu_forward, gelu_backward, add, scale, fill, convert and accumulate "
-      "have only a host implementation: their CUDA twins are not written yet");
+  static_assert(quintet::detail::always_false<Device>,
+                "bias_add, bias_grad, gelu_forward, gelu_backward, add, scale, fill, convert and "
+                "accumulate on this device need their implementation: for quintet::cuda include "
+                "<quintet/kernels/cuda/elementwise.cuh> in a translation unit compiled by nvcc");
 };
 
 template <>

@@ -2,7 +2,8 @@
 // tokens (batch, seq) int32, token_table (vocab, width), position_table (positions, width),
 // out (batch, seq, width). position_offset places the sequence in the position table (a
 // sequence-parallel rank holding positions [offset, offset + seq)). Backward scatter-adds into
-// both tables' gradients (+=, like every parameter gradient). Host only.
+// both tables' gradients (+=, like every parameter gradient). Host here; cuda (the token table's
+// gradient through a sort, deterministic) in <quintet/kernels/cuda/embedding.cuh>.
 //
 // The two halves also stand alone, for vocabulary-parallel and sequence-parallel embeddings:
 //   token_embedding_forward / _backward    a lookup over vocabulary ids [vocab_begin,
@@ -25,8 +26,8 @@ namespace quintet::kernels {
 template <class Device>
 struct embedding_engine {
   static_assert(quintet::detail::always_false<Device>,
-                "embedding_forward and embedding_backward have only a host implementation: their "
-                "CUDA twin is not written yet");
+                "embedding on this device needs its implementation: for quintet::cuda include "
+                "<quintet/kernels/cuda/embedding.cuh> in a translation unit compiled by nvcc");
 };
 
 template <>

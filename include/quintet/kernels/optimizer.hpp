@@ -2,7 +2,8 @@
 // weight decay, bias-corrected moments) and SGD (optional momentum, L2 weight decay). grad_scale
 // multiplies the gradient first, which is how global-norm clipping and loss scaling reach the
 // update without another pass. Optimizer state (m, v, momentum) is kept in accumulator_t<T>.
-// Host only; optim/ applies these over the parameter registry.
+// Host here; cuda in <quintet/kernels/cuda/optimizer.cuh>. optim/ applies these over the parameter
+// registry.
 #pragma once
 
 #include <quintet/core/error.hpp>
@@ -34,8 +35,9 @@ struct sgd_hyperparameters {
 template <class Device>
 struct optimizer_engine {
   static_assert(quintet::detail::always_false<Device>,
-                "adamw_update and sgd_update have only a host implementation: their CUDA twin is "
-                "not written yet");
+                "adamw_update and sgd_update on this device need their implementation: for "
+                "quintet::cuda include <quintet/kernels/cuda/optimizer.cuh> in a translation unit "
+                "compiled by nvcc");
 };
 
 template <>

@@ -1,5 +1,6 @@
 // softmax_forward / softmax_backward over the last dimension, numerically stable (the row maximum
-// is subtracted first). Host only so far.
+// is subtracted first). Host here; cuda (a row in registers, CUB block reductions) in
+// <quintet/kernels/cuda/softmax.cuh>.
 #pragma once
 
 #include <quintet/core/error.hpp>
@@ -12,8 +13,8 @@ namespace quintet::kernels {
 template <class Device>
 struct softmax_engine {
   static_assert(quintet::detail::always_false<Device>,
-                "softmax_forward and softmax_backward have only a host implementation: their CUDA "
-                "twin is not written yet");
+                "softmax on this device needs its implementation: for quintet::cuda include "
+                "<quintet/kernels/cuda/softmax.cuh> in a translation unit compiled by nvcc");
 };
 
 template <>

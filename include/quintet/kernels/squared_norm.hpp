@@ -1,7 +1,8 @@
 // squared_norm(exec, x): sum of x[i]^2, accumulated in double on the host, in fixed chunks whose
 // sums are added in order (host_impl::squared_norm), the chunks split over the context's threads.
 // Global gradient clipping adds these over every gradient (each element counted once across
-// ranks) and takes the square root. Host only.
+// ranks) and takes the square root. Host here; cuda (also double, also a fixed order) in
+// <quintet/kernels/cuda/squared_norm.cuh>.
 #pragma once
 
 #include <quintet/kernels/execution.hpp>
@@ -16,7 +17,8 @@ namespace quintet::kernels {
 template <class Device>
 struct squared_norm_engine {
   static_assert(quintet::detail::always_false<Device>,
-                "squared_norm has only a host implementation: its CUDA twin is not written yet");
+                "squared_norm on this device needs its implementation: for quintet::cuda include "
+                "<quintet/kernels/cuda/squared_norm.cuh> in a translation unit compiled by nvcc");
 };
 
 template <>

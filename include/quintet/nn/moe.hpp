@@ -435,4 +435,41 @@ class moe {
   routing_statistics last_;
 };
 
+// The MoE layer on a device whose routing and permutation kernels are not written yet (cuda):
+// building one raises an error naming what is missing, so a model with experts fails at
+// construction; its members exist only for the block's code to compile and are never reached.
+template <class T, class Device>
+class moe_not_built {
+ public:
+  template <class... Args>
+  explicit moe_not_built(Args&&...) {
+    QUINTET_FAIL(
+        "nn::moe on {}: the mixture-of-experts routing and permutation kernels run on the host "
+        "only (their {} twins are not written yet); train models with experts on the host",
+        Device::name, Device::name);
+  }
+  quintet::tensor<T, Device> forward(context<Device>&, tensor_view<const T, Device>) {
+    return never_built();
+  }
+  quintet::tensor<T, Device> backward(context<Device>&, tensor_view<const T, Device>, double) {
+    return never_built();
+  }
+  quintet::tensor<T, Device> backward_input(context<Device>&, tensor_view<const T, Device>,
+                                            double) {
+    return never_built();
+  }
+  void backward_weight(context<Device>&) { never_built(); }
+  void drop_input_pass_tensors(context<Device>&) { never_built(); }
+  const routing_statistics& statistics() const {
+    never_built();
+    return none_;
+  }
+
+ private:
+  static quintet::tensor<T, Device> never_built() {
+    QUINTET_FAIL("nn::moe_not_built: a member was called on a layer that cannot be built");
+  }
+  routing_statistics none_;
+};
+
 }  // namespace quintet::nn

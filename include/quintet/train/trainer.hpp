@@ -49,6 +49,10 @@
 // buffers are made per piece from the gathered master, parallel::master_shard_access), tp, sp, ep
 // and pp (the tied table's two copies summed and shared in the master registry).
 //
+// Device (host by default) is where the model computes: trainer<..., cuda> keeps the parameters,
+// gradients, optimizer state and activations on the GPU and copies each step's token ids there
+// (a translation unit compiled by nvcc that includes the kernels' <quintet/kernels/cuda/*.cuh>).
+//
 // evaluate(source, batches) scores the model as it stands on other data (a held-out source): the
 // forward alone, on every rank under the trainer's plan, into contexts it then drops — no gradient,
 // no optimizer state, no step counter changes, so training with or without evaluations gives the
@@ -74,6 +78,7 @@
 #include <quintet/parallel/pipeline/catalog.hpp>
 #include <quintet/parallel/plan.hpp>
 #include <quintet/parallel/synchronize_gradients.hpp>
+#include <quintet/tensor/copy.hpp>
 #include <quintet/tensor/tensor_view.hpp>
 #include <quintet/train/executor.hpp>
 #include <quintet/train/gpt_pipeline.hpp>
@@ -86,6 +91,7 @@
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -199,7 +205,8 @@ struct step_metrics {
   expert_load experts{};    // mixture of experts: the step's routing (empty when dense)
 };
 
-template <class T, class Source, class Plan = serial_plan, class Mesh = parallel::no_mesh>
+template <class T, class Source, class Plan = serial_plan, class Mesh = parallel::no_mesh,
+          class Device = host>
 requires token_source<Source> && parallel::mesh_for<Mesh, Plan>
 class trainer {
   // ep subdivides dp (the plan refuses ep without dp): splitting the rows over dp splits them over
@@ -212,6 +219,9 @@ class trainer {
   // A 16-bit model trains through fp32 master weights (optim::master_weights).
   static constexpr bool is_mixed = optim::needs_master_weights<T>;
   using master_value_type = optim::master_type_t<T>;
+  static_assert(std::is_same_v<Device, host> || std::is_same_v<Plan, serial_plan>,
+                "train::trainer on a device other than the host trains the serial model so far "
+                "(Plan = serial_plan): the parallel plans over NCCL are not built on cuda yet");
   static_assert(!is_mixed || std::is_same_v<T, bf16>,
                 "train::trainer: of the 16-bit types only bf16 trains (fp16 needs loss scaling, "
                 "which is not built)");
@@ -252,7 +262,7 @@ class trainer {
   };
   template <class M>
   struct runtime_slot<true, M> {
-    using type = std::optional<parallel::data_parallel_runtime<master_value_type, host, M>>;
+    using type = std::optional<parallel::data_parallel_runtime<master_value_type, Device, M>>;
   };
   // ZeRO-3 of a mixed-precision model: the model's buffers made per piece from the sharded master
   // (parallel::master_shard_access).
@@ -262,23 +272,23 @@ class trainer {
   };
   template <class M>
   struct shard_access_slot<true, M> {
-    using type = std::optional<parallel::master_shard_access<T, host, M>>;
+    using type = std::optional<parallel::master_shard_access<T, Device, M>>;
   };
   // The master weights of a mixed-precision model; nothing otherwise. `layout`: how the model's
   // registry is flattened before the master mirrors it (none: the default layout).
   template <bool, class U>
   struct master_slot {
-    master_slot(nn::parameter_registry<U, host>&, const execution<host>&,
+    master_slot(nn::parameter_registry<U, Device>&, const execution<Device>&,
                 const std::optional<nn::bucket_layout>&) {}
   };
   template <class U>
   struct master_slot<true, U> {
-    optim::master_weights<U, host> weights;
-    master_slot(nn::parameter_registry<U, host>& model, const execution<host>& exec,
+    optim::master_weights<U, Device> weights;
+    master_slot(nn::parameter_registry<U, Device>& model, const execution<Device>& exec,
                 const std::optional<nn::bucket_layout>& layout)
         : weights(flattened(model, exec, layout), exec) {}
-    static nn::parameter_registry<U, host>& flattened(
-        nn::parameter_registry<U, host>& model, const execution<host>& exec,
+    static nn::parameter_registry<U, Device>& flattened(
+        nn::parameter_registry<U, Device>& model, const execution<Device>& exec,
         const std::optional<nn::bucket_layout>& layout) {
       if (layout) model.flatten(*layout, exec);
       return model;
@@ -288,11 +298,11 @@ class trainer {
   // stages (the runtime).
   template <bool, class M>
   struct model_slot {
-    using model_type = nn::gpt<T, host, Plan, M>;
+    using model_type = nn::gpt<T, Device, Plan, M>;
     using stage_type = typename model_type::stage_type;
     model_type model;
     executor<stage_type> steps;
-    model_slot(nn::parameter_registry<T, host>& registry, const execution<host>& exec,
+    model_slot(nn::parameter_registry<T, Device>& registry, const execution<Device>& exec,
                const nn::gpt_config& config, const training_options&, M* mesh)
         : model(registry, exec, config, mesh), steps({&model.stage()}) {}
     const nn::gpt_config& config() const { return model.config(); }
@@ -300,10 +310,10 @@ class trainer {
   };
   template <class M>
   struct model_slot<true, M> {
-    using pipeline_type = gpt_pipeline<T, host, communicator_of<M>, Plan, M>;
+    using pipeline_type = gpt_pipeline<T, Device, communicator_of<M>, Plan, M>;
     using stage_type = typename pipeline_type::stage_type;
     pipeline_type pipeline;
-    model_slot(nn::parameter_registry<T, host>& registry, const execution<host>& exec,
+    model_slot(nn::parameter_registry<T, Device>& registry, const execution<Device>& exec,
                const nn::gpt_config& config, const training_options& options, M* mesh)
         : pipeline(registry, exec, config, make_schedule(options, mesh->pp().size()), mesh->pp(),
                    options.pipeline.layers, mesh) {}
@@ -319,7 +329,7 @@ class trainer {
   // `mesh` is this rank's device mesh (null for the serial model); the model checks it against the
   // plan (plan::check: degrees only on axes the plan uses, dimensions that divide over them).
   trainer(const Source& source, const nn::gpt_config& model, const training_options& options,
-          const execution<host>& exec, Mesh* mesh = nullptr)
+          const execution<Device>& exec, Mesh* mesh = nullptr)
       : source_(source),
         options_((options.validate(), options)),
         zero_stage_(zero_stage_for(options)),
@@ -342,10 +352,10 @@ class trainer {
                     "{} micro-batches",
                     options.batch, dp, options.micro_batches);
       const parallel::data_parallel_options dp_options = data_parallel_settings();
-      using runtime_type = parallel::data_parallel_runtime<master_value_type, host, Mesh>;
+      using runtime_type = parallel::data_parallel_runtime<master_value_type, Device, Mesh>;
       // The buckets are the master's under mixed precision; ZeRO-3 cuts them at the pieces.
       if constexpr (is_mixed) {
-        std::vector<std::vector<nn::parameter<master_value_type, host>*>> pieces;
+        std::vector<std::vector<nn::parameter<master_value_type, Device>*>> pieces;
         for (const auto& piece : model_pieces()) {
           auto& masters = pieces.emplace_back();
           for (const auto* p : piece) masters.push_back(&master_.weights.master_of(*p));
@@ -390,7 +400,7 @@ class trainer {
       }
       if constexpr (!is_mixed) {
         for (auto* stage : model_.stages())
-          stage->on_gradients_ready([this](std::span<nn::parameter<T, host>* const> ready) {
+          stage->on_gradients_ready([this](std::span<nn::parameter<T, Device>* const> ready) {
             announce_to_data_parallel(ready);
           });
       }
@@ -399,7 +409,7 @@ class trainer {
       // Each micro-batch's gradient of a piece goes into the master's fp32 sum at once; data
       // parallelism then sees the master's parameters announced.
       for (auto* stage : model_.stages())
-        stage->on_gradients_ready([this](std::span<nn::parameter<T, host>* const> ready) {
+        stage->on_gradients_ready([this](std::span<nn::parameter<T, Device>* const> ready) {
           if constexpr (is_data_parallel) {
             if (master_shard_access_)
               return announce_to_data_parallel(master_shard_access_->accumulate(ready));
@@ -418,9 +428,9 @@ class trainer {
                   options.seq, model.max_seq);
   }
   // The trainer keeps references to the source and the execution context: temporaries dangle.
-  trainer(const Source&, const nn::gpt_config&, const training_options&, const execution<host>&&,
+  trainer(const Source&, const nn::gpt_config&, const training_options&, const execution<Device>&&,
           Mesh* = nullptr) = delete;
-  trainer(const Source&&, const nn::gpt_config&, const training_options&, const execution<host>&,
+  trainer(const Source&&, const nn::gpt_config&, const training_options&, const execution<Device>&,
           Mesh* = nullptr) = delete;
 
   // Runs the next step; throws quintet::error naming the step if its loss is NaN or infinite.
@@ -458,6 +468,7 @@ class trainer {
     }
     if constexpr (is_mixed) master_.weights.begin_step();
     const double scale = 1.0 / static_cast<double>(counted);
+    const device_batches staged(micro, exec_);
     // The auxiliary losses: the mean over the step's routing calls, micro-batches x dp ranks.
     const double aux_scale = 1.0 / static_cast<double>(routing_calls());
     for (auto* stage : model_.stages()) stage->reset_routing();
@@ -468,8 +479,8 @@ class trainer {
       const auto losses = model_.pipeline.step(
           [&](int m) {
             return typename model_slot_type::pipeline_type::micro_batch{
-                .tokens = micro[static_cast<std::size_t>(m)].inputs.view(),
-                .targets = micro[static_cast<std::size_t>(m)].targets.view()};
+                .tokens = staged.tokens(static_cast<std::size_t>(m)),
+                .targets = staged.targets(static_cast<std::size_t>(m))};
           },
           scale, false, aux_scale);
       for (const auto& loss : losses) {
@@ -483,8 +494,9 @@ class trainer {
           forward_backward_steps(static_cast<int>(micro.size())), static_cast<int>(micro.size()),
           {.input =
                [&](int, int m, const typename stage_type::output_type*) {
-                 return typename stage_type::input_type{.tokens = micro[m].inputs.view(),
-                                                        .targets = micro[m].targets.view()};
+                 return typename stage_type::input_type{
+                     .tokens = staged.tokens(static_cast<std::size_t>(m)),
+                     .targets = staged.targets(static_cast<std::size_t>(m))};
                },
            .gradient =
                [&](int, int, const typename stage_type::input_gradient_type*) {
@@ -570,11 +582,13 @@ class trainer {
       const row_range rows = rank_rows();
       for (std::int64_t b = 0; b < batches; ++b) {
         for (std::int64_t i = 0; i < options_.micro_batches; ++i) {
-          const token_batch micro =
-              source.batch(b, split_rows(rows, options_.micro_batches, i), options_.seq);
-          nn::context<host> ctx;  // dropped: nothing of the forward is kept
+          std::vector<token_batch> micro;
+          micro.push_back(
+              source.batch(b, split_rows(rows, options_.micro_batches, i), options_.seq));
+          const device_batches staged(micro, exec_);
+          nn::context<Device> ctx;  // dropped: nothing of the forward is kept
           const auto out = model_.model.stage().forward(
-              ctx, {.tokens = micro.inputs.view(), .targets = micro.targets.view()});
+              ctx, {.tokens = staged.tokens(0), .targets = staged.targets(0)});
           loss_sum += out.loss.loss_sum;
           counted += out.loss.count;
         }
@@ -588,8 +602,8 @@ class trainer {
   auto& pipeline() requires is_pipelined { return model_.pipeline; }
   // The parameters the optimizer updates: the master weights under mixed precision, the model's
   // otherwise. model_parameters() are those the model computes with.
-  nn::parameter_registry<master_value_type, host>& parameters() { return state_registry(); }
-  nn::parameter_registry<T, host>& model_parameters() { return registry_; }
+  nn::parameter_registry<master_value_type, Device>& parameters() { return state_registry(); }
+  nn::parameter_registry<T, Device>& model_parameters() { return registry_; }
   // While the returned guard lives, every parameter this rank holds has its values (ZeRO-3 keeps
   // only shards between steps: they are gathered, and dropped again with the guard). Every rank
   // takes it at the same point; no step runs under it.
@@ -608,8 +622,8 @@ class trainer {
     return guard(this);
   }
   const training_options& options() const { return options_; }
-  const optim::adamw<master_value_type, host>& optimizer() const { return optimizer_; }
-  optim::adamw<master_value_type, host>& optimizer() { return optimizer_; }
+  const optim::adamw<master_value_type, Device>& optimizer() const { return optimizer_; }
+  optim::adamw<master_value_type, Device>& optimizer() { return optimizer_; }
   using value_type = T;                   // the model's
   using master_type = master_value_type;  // the optimizer's parameters (T unless T is 16-bit)
   using plan_type = Plan;
@@ -632,7 +646,7 @@ class trainer {
   // What a decoder over the trained parameters needs (nn::gpt_decoder): the model's
   // configuration, the execution context and this rank's mesh (null for the serial model).
   const nn::gpt_config& model_config() const { return model_.config(); }
-  const execution<host>& execution_context() const { return exec_; }
+  const execution<Device>& execution_context() const { return exec_; }
   Mesh* mesh() const {
     if constexpr (mesh_like<Mesh>) {
       return mesh_;
@@ -644,12 +658,56 @@ class trainer {
  private:
   using model_slot_type = model_slot<is_pipelined, Mesh>;
 
+  // The micro-batches' token ids where the model computes: the host batches themselves, or their
+  // copies on the device (on the execution context's stream), made once per step before the
+  // first forward.
+  class device_batches {
+   public:
+    device_batches(const std::vector<token_batch>& micro, const execution<Device>& exec)
+        : micro_(micro) {
+      if constexpr (!std::is_same_v<Device, host>) {
+        copies_.reserve(micro.size());
+        for (const token_batch& batch : micro) {
+          copies_.push_back(
+              {quintet::tensor<std::int32_t, Device>(batch.inputs.shape(), exec.stream()),
+               quintet::tensor<std::int32_t, Device>(batch.targets.shape(), exec.stream())});
+          copied_batch& copied = copies_.back();
+          quintet::copy(copied.tokens, batch.inputs);
+          quintet::copy(copied.targets, batch.targets);
+        }
+      } else {
+        (void)exec;
+      }
+    }
+    tensor_view<const std::int32_t, Device> tokens(std::size_t m) const {
+      if constexpr (std::is_same_v<Device, host>) {
+        return micro_[m].inputs.view();
+      } else {
+        return copies_[m].tokens.view();
+      }
+    }
+    tensor_view<const std::int32_t, Device> targets(std::size_t m) const {
+      if constexpr (std::is_same_v<Device, host>) {
+        return micro_[m].targets.view();
+      } else {
+        return copies_[m].targets.view();
+      }
+    }
+
+   private:
+    struct copied_batch {
+      quintet::tensor<std::int32_t, Device> tokens, targets;  // (rows, seq) each
+    };
+    const std::vector<token_batch>& micro_;
+    std::vector<copied_batch> copies_;
+  };
+
   // Data parallelism hears of these gradients of one micro-batch (the model's, or under mixed
   // precision the master's they were added into), less the tied table where its pp sum must come
   // first (shared_after_backward_: see the constructor).
-  void announce_to_data_parallel(std::span<nn::parameter<master_value_type, host>* const> ready) {
+  void announce_to_data_parallel(std::span<nn::parameter<master_value_type, Device>* const> ready) {
     if (!shared_after_backward_) return data_parallel_->gradients_ready(ready);
-    std::vector<nn::parameter<master_value_type, host>*> announced;
+    std::vector<nn::parameter<master_value_type, Device>*> announced;
     for (auto* p : ready)
       if (p->placement.stages().size() < 2) announced.push_back(p);
     data_parallel_->gradients_ready(announced);
@@ -669,7 +727,7 @@ class trainer {
         const auto pieces = model_pieces();
         nn::bucket_layout layout = parallel::data_parallel_layout(
             data_parallel_settings(),
-            std::span<const std::vector<nn::parameter<T, host>*>>(pieces));
+            std::span<const std::vector<nn::parameter<T, Device>*>>(pieces));
         layout.max_elements = 0;
         layout.shardable = false;
         return layout;
@@ -681,8 +739,8 @@ class trainer {
   // pp the tied table is a piece of its own, first, so the buckets holding its two copies (on the
   // first and the last stage's ranks) are alike: the same shards, reduced alike over dp, so both
   // copies take the same update bits.
-  std::vector<std::vector<nn::parameter<T, host>*>> model_pieces() {
-    std::vector<std::vector<nn::parameter<T, host>*>> out;
+  std::vector<std::vector<nn::parameter<T, Device>*>> model_pieces() {
+    std::vector<std::vector<nn::parameter<T, Device>*>> out;
     if constexpr (is_pipelined)
       for (auto& p : registry_)
         if (p.placement.stages().size() >= 2) out.push_back({&p});
@@ -707,12 +765,12 @@ class trainer {
   // pp with ZeRO: the tied table's values (ZeRO-3: this rank's shard of them) from the first
   // stage's rank to the last's after the update (share_first_stage_values says why).
   void share_tied_table_values() requires is_pipelined && is_data_parallel {
-    using view = tensor_view<master_value_type, host>;
+    using view = tensor_view<master_value_type, Device>;
     std::map<std::string, view, std::less<>> shards;
     if (zero_stage_ == 3)
       for (const auto& owned : data_parallel_->optimizer_ranges()) shards[owned.name] = owned.value;
     model_.pipeline.share_first_stage_values(
-        state_registry(), [&](nn::parameter<master_value_type, host>& p) {
+        state_registry(), [&](nn::parameter<master_value_type, Device>& p) {
           if (zero_stage_ != 3) return view(p.value);
           const auto found = shards.find(p.name);
           return found == shards.end() ? view{} : found->second;
@@ -721,7 +779,7 @@ class trainer {
 
   // Where gradients are reduced and parameters updated: the master registry under mixed
   // precision, the model's otherwise.
-  nn::parameter_registry<master_value_type, host>& state_registry() {
+  nn::parameter_registry<master_value_type, Device>& state_registry() {
     if constexpr (is_mixed) {
       return master_.weights.registry();
     } else {
@@ -763,11 +821,12 @@ class trainer {
       std::vector<token_batch> micro;
       for (std::int64_t i = 0; i < options_.micro_batches; ++i)
         micro.push_back(source.batch(b, split_rows(rows, options_.micro_batches, i), options_.seq));
+      const device_batches staged(micro, exec_);
       const auto losses = model_.pipeline.forward_only(
           [&](int m) {
             return typename model_slot_type::pipeline_type::micro_batch{
-                .tokens = micro[static_cast<std::size_t>(m)].inputs.view(),
-                .targets = micro[static_cast<std::size_t>(m)].targets.view()};
+                .tokens = staged.tokens(static_cast<std::size_t>(m)),
+                .targets = staged.targets(static_cast<std::size_t>(m))};
           },
           static_cast<int>(micro.size()));
       for (const auto& loss : losses) {
@@ -890,12 +949,12 @@ class trainer {
   }
   // The registry defers storage: the constructor flattens it as soon as the model is built, so
   // each parameter is drawn straight into its bucket.
-  static nn::parameter_registry<T, host> make_registry(std::uint64_t seed, Mesh* mesh) {
+  static nn::parameter_registry<T, Device> make_registry(std::uint64_t seed, Mesh* mesh) {
     constexpr auto deferred = nn::parameter_storage::deferred;
     if constexpr (mesh_like<Mesh>) {
-      return nn::parameter_registry<T, host>(seed, *mesh, Plan{}, deferred);
+      return nn::parameter_registry<T, Device>(seed, *mesh, Plan{}, deferred);
     } else {
-      return nn::parameter_registry<T, host>(seed, deferred);
+      return nn::parameter_registry<T, Device>(seed, deferred);
     }
   }
 
@@ -903,12 +962,12 @@ class trainer {
   const Source& source_;
   training_options options_;
   int zero_stage_;
-  const execution<host>& exec_;
+  const execution<Device>& exec_;
   Mesh* mesh_;
-  nn::parameter_registry<T, host> registry_;
+  nn::parameter_registry<T, Device> registry_;
   model_slot_type model_;
   master_slot<is_mixed, T> master_;
-  optim::adamw<master_value_type, host> optimizer_;
+  optim::adamw<master_value_type, Device> optimizer_;
   optim::cosine_schedule schedule_;
   typename runtime_slot<is_data_parallel, Mesh>::type data_parallel_;
   typename shard_access_slot<is_mixed && is_data_parallel, Mesh>::type master_shard_access_;

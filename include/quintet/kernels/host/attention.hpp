@@ -7,6 +7,7 @@
 #pragma once
 
 #include <quintet/kernels/accumulator.hpp>
+#include <quintet/kernels/attention_layout.hpp>
 #include <quintet/kernels/execution.hpp>
 #include <quintet/kernels/host/exponential.hpp>
 #include <quintet/kernels/host/lanes.hpp>
@@ -19,37 +20,12 @@
 #include <type_traits>
 #include <vector>
 
-namespace quintet::kernels {
-
-// Which keys a query sees. causal: query i sees keys j <= i (queries and keys are the same
-// positions, so sq == sk); full: every query sees every key (a block of keys that lies wholly
-// before the queries, as in ring attention; sq and sk may differ).
-enum class attention_mask : std::uint8_t { causal, full };
-
-}  // namespace quintet::kernels
-
 namespace quintet::kernels::host_impl {
 
-// Where element (b, s, c) of a (batch, seq, width) operand lives: data[b * batch_stride +
-// s * seq_stride + c]; the width is contiguous.
-template <class T>
-struct rows3 {
-  T* data;
-  std::int64_t batch_stride, seq_stride;
-  T* at(std::int64_t b, std::int64_t s) const { return data + b * batch_stride + s * seq_stride; }
-};
-
-// seq counts the queries; key_seq the keys and values (-1: as many as the queries, self-attention).
-struct attention_sizes {
-  std::int64_t batch, seq, heads, head_dim;
-  std::int64_t key_seq = -1;
-  std::int64_t keys() const { return key_seq < 0 ? seq : key_seq; }
-};
-
-// How many keys query i sees: i + 1 under the causal mask, all of them under the full one.
-inline std::int64_t visible_keys(attention_mask mask, std::int64_t i, std::int64_t keys) {
-  return mask == attention_mask::causal ? i + 1 : keys;
-}
+// The shared layout (kernels/attention_layout.hpp), under the names the host loops use.
+using kernels::attention_sizes;
+using kernels::rows3;
+using kernels::visible_keys;
 
 template <class Acc, class T>
 Acc dot(const T* a, const T* b, std::int64_t n) {

@@ -1,0 +1,290 @@
+// The CUDA elementwise kernels and dropout against their host twins on the same random operands:
+// the kernels with one rounding per element (bias add, add, scale, fill, convert, accumulate) and
+// dropout bit for bit, the bias gradient (another summation order) and GELU (another exponential)
+// within tolerances argued per dtype. Outputs start as random values, so an element a kernel
+// skips, or overwrites where it should accumulate, shows.
+#include "../gpu_test_support.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <quintet/kernels/cuda/dropout.cuh>
+#include <quintet/kernels/cuda/elementwise.cuh>
+#include <quintet/kernels/cuda_execution.hpp>
+#include <quintet/kernels/dropout.hpp>
+#include <quintet/kernels/elementwise.hpp>
+#include <quintet/tensor/region.hpp>
+
+#include <cstdint>
+#include <vector>
+
+using device = quintet::cuda;  // not `cuda`: CCCL declares a global namespace of that name
+using quintet::bf16;
+using f16 = quintet::half;  // not `half`: cuda_fp16.h declares a global type of that name
+using quintet::execution;
+using quintet::host;
+using quintet::region;
+using quintet::shape;
+using quintet::tensor;
+namespace k = quintet::kernels;
+using namespace quintet::gpu_test;
+
+namespace {
+
+// Size 1, odd sizes, rows longer than a 256-thread block, many short rows, and 1031 x 1025
+// (1,056,775 elements): more than the 4096 x 256 threads of one grid-stride pass.
+const std::vector<shape>& element_shapes() {
+  static const std::vector<shape> shapes = {shape{1},         shape{17},      shape{3, 17},
+                                            shape{2, 5, 33},  shape{7, 1000}, shape{1000, 3},
+                                            shape{1031, 1025}};
+  return shapes;
+}
+
+// bias_add: one addition per element rounded once in T, so the bits equal the host's.
+template <class T>
+void check_bias_add() {
+  const execution<host> host_exec;
+  const execution<device> device_exec;
+  std::uint64_t stream = 100;
+  for (const shape& s : element_shapes()) {
+    const std::int64_t n = s[s.rank() - 1];
+    auto x = random_host<T>(s, ++stream), bias = random_host<T>(shape{n}, ++stream);
+    auto x_d = to_device(x), bias_d = to_device(bias);
+    k::bias_add(host_exec, x, bias);
+    k::bias_add(device_exec, x_d, bias_d);
+    device_exec.synchronize();
+    INFO("shape " << s.to_string());
+    REQUIRE(same_bits(to_host(x_d), x));
+  }
+}
+
+// bias_grad accumulates into a random dbias; the device sums each column in 8 row lanes (a fixed
+// order, so two runs agree bit for bit), the host in one running sum.
+template <class T>
+void check_bias_grad(double rtol, double atol) {
+  const execution<host> host_exec;
+  const execution<device> device_exec;
+  std::uint64_t stream = 200;
+  for (const shape& s : element_shapes()) {
+    const std::int64_t n = s[s.rank() - 1];
+    auto dy = random_host<T>(s, ++stream), dbias = random_host<T>(shape{n}, ++stream);
+    auto dy_d = to_device(dy), dbias_d = to_device(dbias), dbias_again_d = to_device(dbias);
+    k::bias_grad(host_exec, dy, dbias);
+    k::bias_grad(device_exec, dy_d, dbias_d);
+    k::bias_grad(device_exec, dy_d, dbias_again_d);
+    device_exec.synchronize();
+    INFO("shape " << s.to_string());
+    const auto got = to_host(dbias_d);
+    require_close(got, dbias, rtol, atol, "dbias");
+    REQUIRE(same_bits(got, to_host(dbias_again_d)));
+  }
+}
+
+// gelu_forward and gelu_backward (x in [-3, 3], beyond the bend on both sides), out of place onto
+// random outputs and in place (y = x, dx = dy), which must give the out-of-place bits.
+template <class T>
+void check_gelu(double rtol, double atol) {
+  const execution<host> host_exec;
+  const execution<device> device_exec;
+  std::uint64_t stream = 300;
+  for (const shape& s : element_shapes()) {
+    auto x = random_host<T>(s, ++stream, -3.0, 3.0), dy = random_host<T>(s, ++stream);
+    auto y = random_host<T>(s, ++stream), dx = random_host<T>(s, ++stream);
+    auto x_d = to_device(x), dy_d = to_device(dy), y_d = to_device(y), dx_d = to_device(dx);
+    auto in_place_y_d = to_device(x), in_place_dx_d = to_device(dy);
+    k::gelu_forward(host_exec, x, y);
+    k::gelu_backward(host_exec, x, dy, dx);
+    k::gelu_forward(device_exec, x_d, y_d);
+    k::gelu_backward(device_exec, x_d, dy_d, dx_d);
+    k::gelu_forward(device_exec, in_place_y_d, in_place_y_d);
+    k::gelu_backward(device_exec, x_d, in_place_dx_d, in_place_dx_d);
+    device_exec.synchronize();
+    INFO("shape " << s.to_string());
+    const auto got_y = to_host(y_d), got_dx = to_host(dx_d);
+    require_close(got_y, y, rtol, atol, "gelu y");
+    require_close(got_dx, dx, rtol, atol, "gelu dx");
+    REQUIRE(same_bits(to_host(in_place_y_d), got_y));
+    REQUIRE(same_bits(to_host(in_place_dx_d), got_dx));
+  }
+}
+
+// add (out of place onto a random out, and into a), scale and fill: the host's bits.
+template <class T>
+void check_add_scale_fill() {
+  const execution<host> host_exec;
+  const execution<device> device_exec;
+  std::uint64_t stream = 400;
+  for (const shape& s : element_shapes()) {
+    auto a = random_host<T>(s, ++stream), b = random_host<T>(s, ++stream);
+    auto out = random_host<T>(s, ++stream), filled = random_host<T>(s, ++stream);
+    auto a_d = to_device(a), b_d = to_device(b), out_d = to_device(out);
+    auto filled_d = to_device(filled);
+    const T value(-0.8125f);
+    k::add(host_exec, a, b, out);
+    k::add(device_exec, a_d, b_d, out_d);
+    k::add(device_exec, a_d, b_d, a_d);  // out may be a
+    k::fill(host_exec, filled, value);
+    k::fill(device_exec, filled_d, value);
+    device_exec.synchronize();
+    INFO("shape " << s.to_string());
+    REQUIRE(same_bits(to_host(out_d), out));
+    REQUIRE(same_bits(to_host(a_d), out));
+    REQUIRE(same_bits(to_host(filled_d), filled));
+    k::scale(host_exec, out, -0.37);
+    k::scale(device_exec, out_d, -0.37);
+    device_exec.synchronize();
+    REQUIRE(same_bits(to_host(out_d), out));
+  }
+}
+
+// convert From -> To: exact or one rounding (through float for a double narrowed to 16 bits), the
+// host's bits. Values up to 1e5 overflow half, which both sides must round to infinity.
+template <class From, class To>
+void check_convert_pair() {
+  const execution<host> host_exec;
+  const execution<device> device_exec;
+  std::uint64_t stream = 500;
+  for (const double range : {3.0, 1e5}) {
+    for (const shape& s : element_shapes()) {
+      auto in = random_host<From>(s, ++stream, -range, range);
+      auto out = random_host<To>(s, ++stream);
+      auto in_d = to_device(in);
+      auto out_d = to_device(out);
+      k::convert(host_exec, in, out);
+      k::convert(device_exec, in_d, out_d);
+      device_exec.synchronize();
+      INFO("shape " << s.to_string() << " range " << range);
+      REQUIRE(same_bits(to_host(out_d), out));
+    }
+  }
+}
+
+template <class From>
+void check_convert_from() {
+  check_convert_pair<From, float>();
+  check_convert_pair<From, double>();
+  check_convert_pair<From, bf16>();
+  check_convert_pair<From, f16>();
+}
+
+// accumulate: the addend widened exactly, one rounding in the sum's type: the host's bits.
+template <class From, class Into>
+void check_accumulate_pair() {
+  const execution<host> host_exec;
+  const execution<device> device_exec;
+  std::uint64_t stream = 600;
+  for (const shape& s : element_shapes()) {
+    auto from = random_host<From>(s, ++stream);
+    auto into = random_host<Into>(s, ++stream);
+    auto from_d = to_device(from);
+    auto into_d = to_device(into);
+    k::accumulate(host_exec, from, into);
+    k::accumulate(device_exec, from_d, into_d);
+    device_exec.synchronize();
+    INFO("shape " << s.to_string());
+    REQUIRE(same_bits(to_host(into_d), into));
+  }
+}
+
+// Dropout forward and backward on the host and the device, for the whole tensor and for regions
+// of a larger global tensor: chunks and slices whose offsets put the first element anywhere in a
+// Philox block of 4 draws, 2053 x 2049 (more groups of 4 than one grid-stride pass covers), and an
+// in-place call. Every result must be the host's bits.
+template <class T>
+void check_dropout() {
+  const execution<host> host_exec;
+  const execution<device> device_exec;
+  const shape global{4, 6, 50};
+  std::vector<region> regions = {region(shape{1}),
+                                 region(shape{3, 17}),
+                                 region(shape{2, 5, 33}),
+                                 region(shape{2053, 2049}),
+                                 region(global),
+                                 region(global).chunk(1, 3, 1),
+                                 region(global).chunk(2, 5, 3),
+                                 region(global).slice(2, 3, 40),
+                                 region(global).slice(0, 1, 3).slice(1, 1, 6).slice(2, 7, 50)};
+  std::uint64_t stream = 700;
+  for (const double p : {0.0, 0.1, 0.5, 0.9}) {
+    for (const region& where : regions) {
+      const shape& s = where.local_shape();
+      const quintet::rng_key key{.seed = 5, .stream = ++stream};
+      auto x = random_host<T>(s, ++stream), dy = random_host<T>(s, ++stream);
+      auto y = random_host<T>(s, ++stream), dx = random_host<T>(s, ++stream);
+      auto x_d = to_device(x), dy_d = to_device(dy), y_d = to_device(y), dx_d = to_device(dx);
+      auto in_place_d = to_device(x);
+      k::dropout_forward(host_exec, x, y, p, key, where);
+      k::dropout_backward(host_exec, dy, dx, p, key, where);
+      k::dropout_forward(device_exec, x_d, y_d, p, key, where);
+      k::dropout_backward(device_exec, dy_d, dx_d, p, key, where);
+      k::dropout_forward(device_exec, in_place_d, in_place_d, p, key, where);
+      device_exec.synchronize();
+      INFO("local shape " << s.to_string() << " of " << where.global_shape().to_string() << " p "
+                          << p);
+      REQUIRE(same_bits(to_host(y_d), y));
+      REQUIRE(same_bits(to_host(dx_d), dx));
+      REQUIRE(same_bits(to_host(in_place_d), y));
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("cuda bias_add equals the host's bit for bit", "[device]") {
+  check_bias_add<float>();
+  check_bias_add<double>();
+  check_bias_add<bf16>();
+}
+
+TEST_CASE("cuda bias_grad accumulates the host's column sums, the same bits run to run",
+          "[device]") {
+  // fp32: only the order differs (8 row lanes vs one running sum); each of R <= 1031 roundings of
+  // a partial sum below ~100 is <= 2^-18 ~ 4e-6 with random signs: ~sqrt(R) 4e-6 ~ 1.3e-4.
+  check_bias_grad<float>(1e-5, 5e-4);
+  // double: the same argument at 2^-29 times the fp32 figures.
+  check_bias_grad<double>(1e-12, 1e-12);
+  // bf16: the fp32 sums round once to bf16, at most one bf16 ulp (<= 2^-7 relative) apart.
+  check_bias_grad<bf16>(8e-3, 1e-2);
+}
+
+TEST_CASE("cuda GELU forward and backward equal the host's within the exponential's rounding",
+          "[device]") {
+  // fp32: expf (<= 2 ulp) vs the host polynomial (1.1e-7) and fused multiply-adds in the exponent
+  // (|exponent| <= 7) change e by ~1e-6 relative; y and the slope inherit that times <= ~4:
+  // measured <= 1.2e-6 on 2M elements with exp perturbed by 2 ulp.
+  check_gelu<float>(1e-5, 1e-5);
+  // double: the same at 2^-29 of the fp32 error.
+  check_gelu<double>(1e-12, 1e-12);
+  // bf16: the fp32 values round once to bf16, at most one bf16 ulp (<= 2^-7 relative) apart.
+  check_gelu<bf16>(8e-3, 1e-2);
+}
+
+TEST_CASE("cuda add, scale and fill equal the host's bit for bit", "[device]") {
+  check_add_scale_fill<float>();
+  check_add_scale_fill<double>();
+  check_add_scale_fill<bf16>();
+  check_add_scale_fill<f16>();
+}
+
+TEST_CASE("cuda convert equals the host's bit for bit for every pair of floating types",
+          "[device]") {
+  check_convert_from<float>();
+  check_convert_from<double>();
+  check_convert_from<bf16>();
+  check_convert_from<f16>();
+}
+
+TEST_CASE("cuda accumulate equals the host's bit for bit", "[device]") {
+  check_accumulate_pair<float, float>();
+  check_accumulate_pair<bf16, float>();
+  check_accumulate_pair<f16, float>();
+  check_accumulate_pair<double, double>();
+  check_accumulate_pair<float, double>();
+  check_accumulate_pair<bf16, double>();
+  check_accumulate_pair<f16, double>();
+}
+
+TEST_CASE("cuda dropout gives the host's mask and values bit for bit, for any region", "[device]") {
+  check_dropout<float>();
+  check_dropout<bf16>();
+  check_dropout<double>();
+}

@@ -1,0 +1,169 @@
+// The CUDA squared norm and optimizer updates against their host twins: the squared norm within
+// the rounding of two double sums of nonnegative terms (and the same bits run to run), AdamW and
+// SGD over several steps with the state carried, in float, bf16 (fp32 state) and double.
+#include "../gpu_test_support.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <quintet/kernels/cuda/optimizer.cuh>
+#include <quintet/kernels/cuda/squared_norm.cuh>
+#include <quintet/kernels/cuda_execution.hpp>
+#include <quintet/kernels/optimizer.hpp>
+#include <quintet/kernels/squared_norm.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+using device = quintet::cuda;  // not `cuda`: CCCL declares a global namespace of that name
+using quintet::bf16;
+using quintet::execution;
+using quintet::host;
+using quintet::shape;
+using quintet::tensor;
+namespace k = quintet::kernels;
+using namespace quintet::gpu_test;
+
+namespace {
+
+// The device updates round every operation on its own in the host loop's order. Where the host
+// compiler cannot fuse a * b + c either (x86-64 without FMA, g++'s default target) the two give
+// the same bits; elsewhere (a host with FMA may contract) they agree within the tolerance.
+#if defined(__x86_64__) && !defined(__FMA__)
+constexpr bool host_rounds_every_operation = true;
+#else
+constexpr bool host_rounds_every_operation = false;
+#endif
+
+template <class T>
+void require_twin(const tensor<T, host>& got, const tensor<T, host>& want, double rtol, double atol,
+                  const char* what) {
+  INFO(what);
+  if constexpr (host_rounds_every_operation) {
+    REQUIRE(same_bits(got, want));
+  } else {
+    require_close(got, want, rtol, atol, what);
+  }
+}
+
+// Size 1, odd sizes, several blocks, and 2^20 + 4099 elements: more than the 4096 x 256 threads
+// of one grid-stride pass.
+const std::vector<std::int64_t>& update_counts() {
+  static const std::vector<std::int64_t> counts = {1, 17, 1000, 4099,
+                                                   (std::int64_t{1} << 20) + 4099};
+  return counts;
+}
+
+// squared_norm over counts around the 16384-element chunk and past 256 chunks (the total kernel's
+// threads each add more than one chunk sum), then a second run for the same bits.
+template <class T>
+void check_squared_norm() {
+  const execution<host> host_exec;
+  const execution<device> device_exec;
+  constexpr std::int64_t chunk = k::host_impl::squared_norm_chunk;
+  std::uint64_t stream = 800;
+  for (const std::int64_t count :
+       {std::int64_t{0}, std::int64_t{1}, std::int64_t{17}, std::int64_t{1000}, chunk, chunk + 1,
+        std::int64_t{100003}, 300 * chunk + 123}) {
+    auto x = random_host<T>(shape{count}, ++stream, -2.0, 2.0);
+    auto x_d = to_device(x);
+    const double want = k::squared_norm(host_exec, x);
+    const double got = k::squared_norm(device_exec, x_d);
+    const double again = k::squared_norm(device_exec, x_d);
+    INFO("count " << count << " host " << want << " cuda " << got);
+    // Both sum nonnegative double terms (float and bf16 squares are exact in double): each sum is
+    // within (its longest chain of additions) 2^-53 of the exact one, relative; the host's chain is
+    // <= 1024 + 4 + 300 chunks, the device's <= 64 + 12 (block tree) + 2 + 12: < 1500 x 1.1e-16.
+    REQUIRE(std::abs(got - want) <= 1e-12 * want);
+    REQUIRE(std::memcmp(&got, &again, sizeof(double)) == 0);
+  }
+}
+
+// Four AdamW steps with fresh gradients, the moments carried; m and v start random (v >= 0).
+template <class T>
+void check_adamw(double rtol, double atol, double state_rtol, double state_atol) {
+  using acc = k::accumulator_t<T>;
+  const execution<host> host_exec;
+  const execution<device> device_exec;
+  const k::adamw_hyperparameters hp{
+      .lr = 1e-2, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.1};
+  std::uint64_t stream = 900;
+  for (const std::int64_t count : update_counts()) {
+    const shape s{count};
+    auto param = random_host<T>(s, ++stream);
+    auto m = random_host<acc>(s, ++stream, -0.1, 0.1), v = random_host<acc>(s, ++stream, 0.0, 0.01);
+    auto param_d = to_device(param);
+    auto m_d = to_device(m), v_d = to_device(v);
+    for (std::int64_t step = 1; step <= 4; ++step) {
+      auto grad = random_host<T>(s, ++stream);
+      auto grad_d = to_device(grad);
+      const double grad_scale = step % 2 == 0 ? 0.5 : 1.0;
+      k::adamw_update(host_exec, param, grad, m, v, hp, step, grad_scale);
+      k::adamw_update(device_exec, param_d, grad_d, m_d, v_d, hp, step, grad_scale);
+    }
+    device_exec.synchronize();
+    INFO("count " << count);
+    require_twin(to_host(param_d), param, rtol, atol, "adamw param");
+    require_twin(to_host(m_d), m, state_rtol, state_atol, "adamw m");
+    require_twin(to_host(v_d), v, state_rtol, state_atol, "adamw v");
+  }
+}
+
+// Four SGD steps with momentum (the buffer carried, starting random) and four without a buffer.
+template <class T>
+void check_sgd(double rtol, double atol, double state_rtol, double state_atol) {
+  using acc = k::accumulator_t<T>;
+  const execution<host> host_exec;
+  const execution<device> device_exec;
+  const k::sgd_hyperparameters with_momentum{.lr = 5e-2, .momentum = 0.9, .weight_decay = 1e-2};
+  const k::sgd_hyperparameters plain{.lr = 5e-2, .momentum = 0.0, .weight_decay = 1e-2};
+  std::uint64_t stream = 1000;
+  for (const std::int64_t count : update_counts()) {
+    const shape s{count};
+    auto param = random_host<T>(s, ++stream), plain_param = random_host<T>(s, ++stream);
+    auto buffer = random_host<acc>(s, ++stream, -0.1, 0.1);
+    auto param_d = to_device(param), plain_param_d = to_device(plain_param);
+    auto buffer_d = to_device(buffer);
+    for (int step = 1; step <= 4; ++step) {
+      auto grad = random_host<T>(s, ++stream);
+      auto grad_d = to_device(grad);
+      const double grad_scale = step % 2 == 0 ? 0.7 : 1.0;
+      k::sgd_update(host_exec, param, grad, buffer, with_momentum, grad_scale);
+      k::sgd_update(device_exec, param_d, grad_d, buffer_d, with_momentum, grad_scale);
+      k::sgd_update(host_exec, plain_param, grad, plain, grad_scale);
+      k::sgd_update(device_exec, plain_param_d, grad_d, plain, grad_scale);
+    }
+    device_exec.synchronize();
+    INFO("count " << count);
+    require_twin(to_host(param_d), param, rtol, atol, "sgd param");
+    require_twin(to_host(buffer_d), buffer, state_rtol, state_atol, "sgd momentum");
+    require_twin(to_host(plain_param_d), plain_param, rtol, atol, "plain sgd param");
+  }
+}
+
+}  // namespace
+
+TEST_CASE("cuda squared_norm sums the host's squares in a fixed order", "[device]") {
+  check_squared_norm<float>();
+  check_squared_norm<bf16>();
+  check_squared_norm<double>();
+}
+
+// The tolerances apply only where the host may fuse (require_twin); otherwise the bits must match.
+// fp32: a fused a * b + c moves each of a step's ~10 roundings by <= 1 ulp; over 4 steps params
+// and moments of size <= 1 drift by a few ulps (~1e-6 absolute, 1e-5 relative).
+// double: the same at 2^-29 of those. bf16: the fp32 param rounds once to bf16, at most one bf16
+// ulp (<= 2^-7 relative) apart; its fp32 moments as fp32's.
+TEST_CASE("cuda adamw_update equals the host's over several steps", "[device]") {
+  check_adamw<float>(1e-5, 1e-6, 1e-5, 1e-6);
+  check_adamw<double>(1e-12, 1e-14, 1e-12, 1e-14);
+  check_adamw<bf16>(8e-3, 1e-2, 1e-5, 1e-6);
+}
+
+TEST_CASE("cuda sgd_update equals the host's over several steps, with and without momentum",
+          "[device]") {
+  check_sgd<float>(1e-5, 1e-6, 1e-5, 1e-6);
+  check_sgd<double>(1e-12, 1e-14, 1e-12, 1e-14);
+  check_sgd<bf16>(8e-3, 1e-2, 1e-5, 1e-6);
+}
