@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# The one-command device check (issue 14): on a machine with an NVIDIA GPU, build what the check
+# needs, run the GPU tests, then the GPU benchmarks and train_gpt on the GPU, and write a JSON
+# summary with each figure beside its target.
+#
+#   tools/device_check.sh [--out DIR] [--bin DIR] [--skip-bench]
+#
+# --out DIR   where the logs, the benchmark JSON and summary.json go (default: device-check/ in
+#             the repository)
+# --bin DIR   use binaries built elsewhere (test_gpu_*, bench_gpu_kernels and train_gpt in DIR)
+#             instead of building; the machine then needs only the driver and the shared
+#             libraries they use
+# Exit status: 0 when every GPU test passed and every benchmark and training run finished (the
+# targets are reported in the summary, not enforced), 1 otherwise, 2 for a bad argument.
+set -uo pipefail
+
+out=""
+bin=""
+skip_bench=0
+while (($#)); do
+  case "$1" in
+    --out) out="$(realpath -m "$2")"; shift 2 ;;
+    --bin) bin="$(realpath -m "$2")"; shift 2 ;;
+    --skip-bench) skip_bench=1; shift ;;
+    *) echo "device_check: unknown argument '$1' (see the header of $0)" >&2; exit 2 ;;
+  esac
+done
+cd "$(dirname "$0")/.."
+[[ -n "$out" ]] || out="$(pwd)/device-check"
+mkdir -p "$out"
+started=$(date +%s)
+elapsed() { echo $(($(date +%s) - started)); }
+
+if ! nvidia-smi -L > "$out/gpu.txt" 2>&1; then
+  echo "device_check: nvidia-smi finds no GPU:" >&2
+  cat "$out/gpu.txt" >&2
+  exit 1
+fi
+# The first GPU (the one the check uses) last: the summary reads that line.
+nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version,clocks.max.sm \
+  --format=csv,noheader | head -1 >> "$out/gpu.txt"
+cat "$out/gpu.txt"
+# The first GPU's compute capability, e.g. 9.0 -> 90: the architecture nvcc builds for (CMake's
+# "native" where the driver does not report it).
+arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
+[[ "$arch" =~ ^[0-9]+$ ]] || arch=native
+
+if [[ -z "$bin" ]]; then
+  export PATH="/usr/local/cuda/bin:$PATH"
+  build=build-device
+  echo "device_check: building for CUDA architecture $arch in $build ($(elapsed) s)"
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$arch" \
+    > "$out/configure.log" 2>&1 ||
+    { tail -30 "$out/configure.log"; exit 1; }
+  targets="$(ninja -C "$build" -t targets all | sed -n 's/^\(test_gpu_[a-z_]*\|bench_gpu_kernels\): .*/\1/p' | sort -u) train_gpt"
+  # shellcheck disable=SC2086
+  ninja -C "$build" $targets > "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
+  tests=$(find "$build/test/gpu" -maxdepth 1 -name 'test_gpu_*' -type f -perm -u+x | sort)
+  bench="$build/bench/bench_gpu_kernels"
+  train_gpt="$build/examples/train_gpt"
+else
+  tests=$(find "$bin" -maxdepth 1 -name 'test_gpu_*' -type f -perm -u+x | sort)
+  bench="$bin/bench_gpu_kernels"
+  train_gpt="$bin/train_gpt"
+fi
+echo "device_check: built ($(elapsed) s)"
+if [[ -z "$tests" ]]; then
+  echo "device_check: no test_gpu_* binaries (built without nvcc, or a wrong --bin)" >&2
+  exit 1
+fi
+
+status=0
+: > "$out/tests.txt"
+for test in $tests; do
+  name=$(basename "$test")
+  log="$out/$name.log"
+  env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 300 "$test" "[device]" > "$log" 2>&1
+  code=$?
+  result=$(grep -E "^(All tests passed|test cases:)" "$log" | tail -1)
+  echo "$name $code $result" | tee -a "$out/tests.txt"
+  ((code == 0)) || status=1
+done
+echo "device_check: tests done ($(elapsed) s)"
+
+if ((skip_bench == 0)); then
+  if [[ -x "$bench" ]]; then
+    timeout 300 "$bench" --benchmark_format=console \
+      --benchmark_out="$out/bench_gpu_kernels.json" --benchmark_out_format=json \
+      > "$out/bench_gpu_kernels.log" 2>&1 || status=1
+    grep -E "^(copy|layer|softmax|matmul|attention|gpt2)" "$out/bench_gpu_kernels.log" | cut -c1-160
+  else
+    echo "device_check: no $bench" >&2
+    status=1
+  fi
+fi
+echo "device_check: benchmarks done ($(elapsed) s)"
+
+# Training on the GPU: the default run (the small model on the Markov source, fp32) to its floor,
+# then the GPT-2 124M shape (12 layers, d 768, 12 heads, vocabulary 50304, seq 1024) in bf16 for
+# 20 steps of 16 x 1024 tokens: tokens/s and MFU against the device's dense bf16 peak.
+if [[ -x "$train_gpt" ]]; then
+  timeout 300 "$train_gpt" --device cuda --report "$out/train_gpt_default.json" \
+    > "$out/train_gpt_default.log" 2>&1 || status=1
+  tail -2 "$out/train_gpt_default.log"
+  timeout 300 "$train_gpt" --device cuda --dtype bf16 --layers 12 --d-model 768 --heads 12 \
+    --vocab 50304 --order 1 --seq 1024 --batch 16 --steps 20 --warmup 5 --lr 6e-4 --min-lr 6e-5 \
+    --eval-every 0 --log-every 5 --report "$out/train_gpt_report.json" \
+    > "$out/train_gpt_124m.log" 2>&1 || status=1
+  grep -E "^(quintet|step|summary)|error" "$out/train_gpt_124m.log" | cut -c1-200
+else
+  echo "device_check: no $train_gpt" >&2
+  status=1
+fi
+echo "device_check: training done ($(elapsed) s)"
+
+python3 tools/device_summary.py "$out" --seconds "$(elapsed)" --status "$status" > "$out/summary.json"
+cat "$out/summary.json"
+exit $status

@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""The JSON summary of tools/device_check.sh: the GPU tests' results, the benchmarks' figures
+against issue 14's targets, and the training run's tokens/s and MFU where it ran."""
+import argparse
+import json
+import os
+import sys
+
+TARGETS = {"memory_fraction_of_copy": 0.80, "matmul_ratio_to_cublaslt": 0.97, "gpt2_124m_mfu": 0.45}
+
+
+def read_tests(out):
+    tests = []
+    path = os.path.join(out, "tests.txt")
+    if os.path.exists(path):
+        for line in open(path):
+            parts = line.split(maxsplit=2)
+            if len(parts) >= 2:
+                tests.append({"binary": parts[0], "exit_code": int(parts[1]),
+                              "result": parts[2].strip() if len(parts) > 2 else ""})
+    return tests
+
+
+def read_benchmarks(out):
+    path = os.path.join(out, "bench_gpu_kernels.json")
+    if not os.path.exists(path):
+        return None
+    return json.load(open(path))["benchmarks"]
+
+
+def summarise(benchmarks):
+    summary = {"copy_GBps": None, "memory_bound": [], "matmul": [], "attention": []}
+    for b in benchmarks:
+        name = b["name"]
+        if "error_message" in b:
+            summary.setdefault("errors", []).append({"name": name, "error": b["error_message"]})
+            continue
+        if name.startswith("copy_bandwidth"):
+            summary["copy_GBps"] = round(b["GB/s"], 1)
+        elif "copy_GB/s" in b:
+            fraction = b["fraction"]
+            summary["memory_bound"].append({
+                "name": name, "GBps": round(b["GB/s"], 1), "copy_GBps": round(b["copy_GB/s"], 1),
+                "fraction_of_copy": round(fraction, 3),
+                "target": TARGETS["memory_fraction_of_copy"],
+                "met": fraction >= TARGETS["memory_fraction_of_copy"]})
+        elif name.startswith("matmul"):
+            summary["matmul"].append({
+                "name": name, "TFLOPs": round(b["TFLOP/s"], 1),
+                "cublaslt_TFLOPs": round(b["cublaslt_TFLOP/s"], 1), "ratio": round(b["ratio"], 3),
+                "target": TARGETS["matmul_ratio_to_cublaslt"],
+                "met": b["ratio"] >= TARGETS["matmul_ratio_to_cublaslt"]})
+        elif name.startswith("gpt2_124m"):
+            summary["gpt2_124m_bench"] = {
+                "name": name, "tokens_per_second": round(b["tokens/s"]), "mfu": round(b["MFU"], 4),
+                "target": TARGETS["gpt2_124m_mfu"], "met": b["MFU"] >= TARGETS["gpt2_124m_mfu"]}
+        elif name.startswith("attention"):
+            summary["attention"].append({"name": name, "TFLOPs": round(b["TFLOP/s"], 1)})
+    return summary
+
+
+def read_training(out, name, mfu_target):
+    path = os.path.join(out, name)
+    if not os.path.exists(path):
+        return "not run"
+    report = json.load(open(path))
+    throughput = report["throughput"]
+    summary = {"final_loss": report.get("final_loss"),
+               "entropy_floor": report.get("data", {}).get("entropy_floor"),
+               "parameters": throughput["parameters"],
+               "peak": throughput["peak_source"],
+               "tokens_per_second": round(throughput.get("steady_tokens_per_second",
+                                                         throughput["tokens_per_second"])),
+               "mfu": round(throughput.get("steady_mfu", throughput["mfu"]), 4)}
+    if mfu_target is not None:
+        summary["mfu_target"] = mfu_target
+        summary["met"] = summary["mfu"] >= mfu_target
+    return summary
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--seconds", type=int, default=0)
+    parser.add_argument("--status", type=int, default=0)
+    args = parser.parse_args()
+    gpu = open(os.path.join(args.out, "gpu.txt")).read().strip().splitlines()
+    result = {"gpu": gpu[-1] if gpu else "unknown", "seconds": args.seconds,
+              "status": "pass" if args.status == 0 else "fail", "tests": read_tests(args.out)}
+    benchmarks = read_benchmarks(args.out)
+    if benchmarks is None:
+        result["benchmarks"] = "not run"
+    else:
+        result.update(summarise(benchmarks))
+    result["train_gpt_default"] = read_training(args.out, "train_gpt_default.json", None)
+    result["train_gpt_124m_bf16"] = read_training(args.out, "train_gpt_report.json",
+                                                  TARGETS["gpt2_124m_mfu"])
+    json.dump(result, sys.stdout, indent=1)
+    print()
+
+
+if __name__ == "__main__":
+    main()
