@@ -50,10 +50,6 @@ def summarise(benchmarks):
                 "cublaslt_TFLOPs": round(b["cublaslt_TFLOP/s"], 1), "ratio": round(b["ratio"], 3),
                 "target": TARGETS["matmul_ratio_to_cublaslt"],
                 "met": b["ratio"] >= TARGETS["matmul_ratio_to_cublaslt"]})
-        elif name.startswith("gpt2_124m"):
-            summary["gpt2_124m_bench"] = {
-                "name": name, "tokens_per_second": round(b["tokens/s"]), "mfu": round(b["MFU"], 4),
-                "target": TARGETS["gpt2_124m_mfu"], "met": b["MFU"] >= TARGETS["gpt2_124m_mfu"]}
         elif name.startswith("attention"):
             summary["attention"].append({"name": name, "TFLOPs": round(b["TFLOP/s"], 1)})
     return summary
