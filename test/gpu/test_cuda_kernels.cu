@@ -16,6 +16,7 @@
 #include <quintet/tensor/fill.hpp>
 #include <quintet/tensor/random.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -68,10 +69,13 @@ void check_matmul(double rtol, double atol) {
 }
 
 template <class T, class Acc>
-void check_layer_norm(double rtol, double atol) {
+void check_layer_norm(double rtol, double atol, double sum_atol_per_row) {
   const execution<host> host_exec;
   const execution<device> device_exec;
-  for (const shape s : {shape{1, 1}, shape{3, 17}, shape{2, 5, 33}, shape{7, 1000}}) {
+  // Rows held by a warp (n <= 1024), by a block (3000), streamed (20000); 3000 rows of 40 make the
+  // weight pass sum in many chunks.
+  for (const shape s : {shape{1, 1}, shape{3, 17}, shape{2, 5, 33}, shape{7, 1000}, shape{2, 3000},
+                        shape{2, 20000}, shape{3000, 40}}) {
     const std::int64_t n = s[s.rank() - 1];
     const shape stats = shape(s.extents().first(s.rank() - 1));
     auto x = random_host<T>(s, 10, -3.0, 3.0), dy = random_host<T>(s, 11);
@@ -95,18 +99,22 @@ void check_layer_norm(double rtol, double atol) {
     require_close(to_host(mean_d), mean, 1e-5, 1e-6, "mean");
     require_close(to_host(rstd_d), rstd, 1e-5, 1e-6, "rstd");
     require_close(to_host(dx_d), dx, rtol, atol, "dx");
-    require_close(to_host(dgamma_d), dgamma, rtol, atol, "dgamma");
-    require_close(to_host(dbeta_d), dbeta, rtol, atol, "dbeta");
+    const double sum_atol = std::max(atol, sum_atol_per_row * static_cast<double>(x.numel() / n));
+    require_close(to_host(dgamma_d), dgamma, rtol, sum_atol, "dgamma");
+    require_close(to_host(dbeta_d), dbeta, rtol, sum_atol, "dbeta");
   }
 }
 
 // layer_norm_backward_input then _weight on cuda against the same passes on the host, and bit for
 // bit against the cuda fused backward (which launches the same two kernels).
 template <class T, class Acc>
-void check_layer_norm_split(double rtol, double atol) {
+void check_layer_norm_split(double rtol, double atol, double sum_atol_per_row) {
   const execution<host> host_exec;
   const execution<device> device_exec;
-  for (const shape s : {shape{1, 1}, shape{3, 17}, shape{2, 5, 33}, shape{7, 1000}}) {
+  // Rows held by a warp (n <= 1024), by a block (3000), streamed (20000); 3000 rows of 40 make the
+  // weight pass sum in many chunks.
+  for (const shape s : {shape{1, 1}, shape{3, 17}, shape{2, 5, 33}, shape{7, 1000}, shape{2, 3000},
+                        shape{2, 20000}, shape{3000, 40}}) {
     const std::int64_t n = s[s.rank() - 1];
     const shape stats = shape(s.extents().first(s.rank() - 1));
     auto x = random_host<T>(s, 20, -3.0, 3.0), dy = random_host<T>(s, 21);
@@ -130,8 +138,9 @@ void check_layer_norm_split(double rtol, double atol) {
     device_exec.synchronize();
     INFO("shape " << s.to_string());
     require_close(to_host(dx_d), dx, rtol, atol, "dx");
-    require_close(to_host(dgamma_d), dgamma, rtol, atol, "dgamma");
-    require_close(to_host(dbeta_d), dbeta, rtol, atol, "dbeta");
+    const double sum_atol = std::max(atol, sum_atol_per_row * static_cast<double>(x.numel() / n));
+    require_close(to_host(dgamma_d), dgamma, rtol, sum_atol, "dgamma");
+    require_close(to_host(dbeta_d), dbeta, rtol, sum_atol, "dbeta");
     REQUIRE(same_bits(to_host(dx_d), to_host(dx_fused_d)));
     REQUIRE(same_bits(to_host(dgamma_d), to_host(dgamma_fused_d)));
     REQUIRE(same_bits(to_host(dbeta_d), to_host(dbeta_fused_d)));
@@ -150,16 +159,20 @@ TEST_CASE("cuBLASLt matmul equals the host matmul in bf16", "[device]") {
   check_matmul<quintet::bf16>(8e-3, 1e-2);
 }
 
-TEST_CASE("the CUB layer norm equals the host layer norm, forward and backward", "[device]") {
-  check_layer_norm<float, float>(1e-5, 1e-5);
-  check_layer_norm<double, double>(1e-12, 1e-12);
-  check_layer_norm<quintet::bf16, float>(8e-3, 1e-2);
+TEST_CASE("the cuda layer norm equals the host layer norm, forward and backward", "[device]") {
+  // dgamma, dbeta sum R rows in another order than the host's one running sum: each of R roundings
+  // is <= 2^-24 of a partial sum that wanders like sqrt(R) (terms of size ~1, random signs), so
+  // the difference grows like R 2^-24 ~ 6e-8 R: atol 2e-7 R (6e-4 at 3000 rows). double: 2^-29
+  // of that, below 1e-12 at these shapes. bf16: the final rounding dominates.
+  check_layer_norm<float, float>(1e-5, 1e-5, 2e-7);
+  check_layer_norm<double, double>(1e-12, 1e-12, 0);
+  check_layer_norm<quintet::bf16, float>(8e-3, 1e-2, 0);
 }
 
-TEST_CASE("the CUB layer norm's split backward equals the host's and the fused one", "[device]") {
-  check_layer_norm_split<float, float>(1e-5, 1e-5);
-  check_layer_norm_split<double, double>(1e-12, 1e-12);
-  check_layer_norm_split<quintet::bf16, float>(8e-3, 1e-2);
+TEST_CASE("the cuda layer norm's split backward equals the host's and the fused one", "[device]") {
+  check_layer_norm_split<float, float>(1e-5, 1e-5, 2e-7);  // the tolerances argued above
+  check_layer_norm_split<double, double>(1e-12, 1e-12, 0);
+  check_layer_norm_split<quintet::bf16, float>(8e-3, 1e-2, 0);
 }
 
 TEST_CASE("a cuda execution context without a device raises quintet::error", "[no-device]") {

@@ -163,3 +163,52 @@ TEST_CASE("attention tiling: key tiles read the queries from the first that sees
       }
   }
 }
+
+TEST_CASE("attention tiling: the tensor-core kernels' tiles and shared memory",
+          "[kernels][attention][tiling]") {
+  // Whole warps of 16 rows each (an mma tile's rows), whole 16-column slabs of the head.
+  REQUIRE(tiling::attention_mma_threads == 128);
+  REQUIRE(tiling::attention_mma_warp_rows == 16);
+  REQUIRE(tiling::attention_mma_threads / 32 * tiling::attention_mma_warp_rows ==
+          tiling::attention_mma_rows);
+  REQUIRE(tiling::attention_mma_head_dim % 16 == 0);
+  REQUIRE(tiling::attention_mma_rows % 32 == 0);  // the backward's halves of 32
+  // ldmatrix: each row address 16-byte aligned; 8 consecutive rows in 8 distinct 16-byte bank
+  // groups (a pitch that is an odd multiple of 16 bytes).
+  const int pitch_bytes = tiling::attention_mma_bf16_pitch * 2;
+  REQUIRE(pitch_bytes % 16 == 0);
+  REQUIRE((pitch_bytes / 16) % 2 == 1);
+  std::set<int> groups;
+  for (int row = 0; row < 8; ++row) groups.insert(row * pitch_bytes / 16 % 8);
+  REQUIRE(groups.size() == 8);
+  REQUIRE(tiling::attention_mma_bf16_pitch >= tiling::attention_mma_head_dim);
+  // Staging: 16-byte loads of a head's 64 columns.
+  REQUIRE(tiling::attention_mma_head_dim % 8 == 0);
+  using kernel = tiling::attention_mma_kernel;
+  const std::size_t staged = 64 * 72 * 2;
+  REQUIRE(tiling::attention_mma_staged_bytes == staged);
+  REQUIRE(tiling::attention_mma_shared_bytes(kernel::forward) == 3 * staged);
+  REQUIRE(tiling::attention_mma_shared_bytes(kernel::dq) == 4 * staged);
+  REQUIRE(tiling::attention_mma_shared_bytes(kernel::dkdv) == 4 * staged + 2 * 64 * 4);
+  // Each fits the default 48 KiB a block (no opt-in), and four blocks of the largest fit an SM
+  // of sm_80 (164 KiB).
+  for (const auto which : {kernel::forward, kernel::dq, kernel::dkdv})
+    REQUIRE(tiling::attention_mma_shared_bytes(which) <= tiling::attention_default_shared_bytes);
+  REQUIRE(4 * tiling::attention_mma_shared_bytes(kernel::dkdv) <= 164 * 1024);
+
+  REQUIRE(tiling::attention_mma_row_tiles(1) == 1);
+  REQUIRE(tiling::attention_mma_row_tiles(64) == 1);
+  REQUIRE(tiling::attention_mma_row_tiles(65) == 2);
+  REQUIRE(tiling::attention_mma_row_tiles(1024) == 16);
+}
+
+TEST_CASE("attention tiling: operands the tensor-core kernels can stage",
+          "[kernels][attention][tiling]") {
+  // q, k, v as slices of a fused (batch, seq, 3 * 12 * 64) projection: aligned.
+  REQUIRE(tiling::attention_mma_rows_aligned(0x1000 + 768 * 2, 1024 * 2304, 2304));
+  REQUIRE(tiling::attention_mma_rows_aligned(0x1000, 0, 64));
+  // An address off 16 bytes, or a stride that is not a multiple of 8 elements: refused.
+  REQUIRE_FALSE(tiling::attention_mma_rows_aligned(0x1008, 1024 * 2304, 2304));
+  REQUIRE_FALSE(tiling::attention_mma_rows_aligned(0x1000, 1024 * 2304, 2308));
+  REQUIRE_FALSE(tiling::attention_mma_rows_aligned(0x1000, 1000 * 2308 + 4, 2304));
+}

@@ -10,13 +10,17 @@
 #include <quintet/kernels/cuda/attention.cuh>
 #include <quintet/kernels/cuda_execution.hpp>
 #include <quintet/tensor/copy.hpp>
+#include <quintet/tensor/cuda/fill.cuh>
 #include <quintet/tensor/cuda_memory.hpp>
 #include <quintet/tensor/fill.hpp>
 #include <quintet/tensor/slice.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 using device = quintet::cuda;  // not `cuda`: CCCL declares a global namespace of that name
@@ -32,6 +36,35 @@ namespace {
 struct tolerance {
   double rtol, atol;
 };
+
+// Tolerances. fp32: both sides compute in float and differ only in summation order and exp
+// (expf against the host's polynomial, both within 2 ulp); on these shapes the host's float
+// result is within 1e-6 of its double one (out, lse and gradients alike), so 1e-5 leaves a
+// tenfold margin. double: the same argument at 2^-53, dot products of <= 300 terms -> 1e-12.
+// bf16: both round the same float value once to bf16; a rounding that falls the other way moves
+// the result by one bf16 step, at most 2^-7 relative -> rtol 1e-2, plus the float differences
+// before rounding (atol 1e-4); lse, delta stay float -> the fp32 tolerance.
+constexpr tolerance fp32{1e-5, 1e-5};
+constexpr tolerance fp64{1e-12, 1e-12};
+constexpr tolerance bf16_rounded{1e-2, 1e-4};
+// bf16 on tensor cores (head_dim 64, sm_80 and newer) also rounds p to bf16 before p v, and p and
+// ds before the gradient products: 2^-9 relative per term. out = sum_j (p_j / l) v_j moves by at
+// most 2^-9 max |v| = 2^-9 (the operands lie in [-1, 1]) -> atol 2e-3. A gradient sums p or ds
+// over up to 200 queries or keys, whose |p| add up to a few units (key 0 collects about the
+// harmonic sum of the causal rows) -> atol 2e-2. The sharp check is the double reference test
+// below, which holds these kernels to the host's own bf16 error.
+constexpr tolerance bf16_tensor_cores_out{1e-2, 2e-3};
+constexpr tolerance bf16_tensor_cores_grad{1e-2, 2e-2};
+
+// The tolerance of a case: `tensor_cores` where the tensor-core kernels run it (bf16 at head_dim
+// 64 on a device they run on), `fma` otherwise.
+template <class T>
+tolerance for_case(tolerance fma, tolerance tensor_cores, std::int64_t head_dim) {
+  const bool on_tensor_cores = std::is_same_v<T, quintet::bf16> &&
+                               head_dim == k::cuda_impl::attention_mma_head_dim &&
+                               k::cuda_impl::attention_mma_available();
+  return on_tensor_cores ? tensor_cores : fma;
+}
 
 // Columns [index * width, (index + 1) * width) of a fused (batch, seq, parts * width) tensor.
 template <class Tensor>
@@ -71,6 +104,7 @@ const std::vector<attention_case> causal_cases = {
     {1, 67, 1, 128},  // double: three tiles of 32 queries
     {1, 33, 2, 100},  // head_dim not a power of two
     {1, 300, 1, 40},  // rows of 300 keys, longer than any block
+    {2, 200, 3, 64},  // bf16 on tensor cores: 4 tiles of 64, the last of 8 rows
 };
 
 template <class T>
@@ -113,9 +147,11 @@ void check_causal(tolerance out_tol, tolerance lse_tol, tolerance grad_tol) {
     device_exec.synchronize();
     INFO("batch " << c.batch << " seq " << c.seq << " heads " << c.heads << " head_dim "
                   << c.head_dim);
-    require_close(to_host(out_d), out, out_tol.rtol, out_tol.atol, "out");
+    const tolerance out_case = for_case<T>(out_tol, bf16_tensor_cores_out, c.head_dim);
+    const tolerance grad_case = for_case<T>(grad_tol, bf16_tensor_cores_grad, c.head_dim);
+    require_close(to_host(out_d), out, out_case.rtol, out_case.atol, "out");
     require_close(to_host(lse_d), lse, lse_tol.rtol, lse_tol.atol, "lse");
-    require_close(to_host(dqkv_d), dqkv, grad_tol.rtol, grad_tol.atol, "dq, dk, dv");
+    require_close(to_host(dqkv_d), dqkv, grad_case.rtol, grad_case.atol, "dq, dk, dv");
     // Every sum has a fixed order: a second run gives the same bits.
     REQUIRE(same_bits(to_host(out_d), to_host(out2_d)));
     REQUIRE(same_bits(to_host(lse_d), to_host(lse2_d)));
@@ -132,7 +168,7 @@ struct block_case {
 
 const std::vector<block_case> full_cases = {
     {1, 1, 1, 1, 16},     {2, 5, 7, 2, 3},    {1, 70, 9, 2, 16}, {2, 3, 130, 3, 32},
-    {1, 40, 100, 1, 128}, {2, 65, 33, 2, 64}, {1, 1, 200, 1, 8},
+    {1, 40, 100, 1, 128}, {2, 65, 33, 2, 64}, {1, 1, 200, 1, 8}, {1, 100, 150, 2, 64},
 };
 
 // q a slice of a (batch, queries, 2 width) tensor, k and v slices of one (batch, keys, 2 width).
@@ -166,7 +202,8 @@ void check_full_forward(tolerance out_tol, tolerance lse_tol) {
     device_exec.synchronize();
     INFO("queries " << c.queries << " keys " << c.keys << " heads " << c.heads << " head_dim "
                     << c.head_dim);
-    require_close(to_host(out_d), out, out_tol.rtol, out_tol.atol, "out");
+    const tolerance out_case = for_case<T>(out_tol, bf16_tensor_cores_out, c.head_dim);
+    require_close(to_host(out_d), out, out_case.rtol, out_case.atol, "out");
     require_close(to_host(lse_d), lse, lse_tol.rtol, lse_tol.atol, "lse");
   }
 }
@@ -233,8 +270,9 @@ void check_backward_block(tolerance grad_tol) {
                     << c.head_dim << " mask "
                     << (mask == k::attention_mask::full ? "full" : "causal"));
     // The whole tensors: the columns beside dq (q_wide's other half) must be left as they were.
-    require_close(to_host(dq_wide_d), dq_wide, grad_tol.rtol, grad_tol.atol, "dq");
-    require_close(to_host(dkv_d), dkv, grad_tol.rtol, grad_tol.atol, "dk, dv");
+    const tolerance grad_case = for_case<T>(grad_tol, bf16_tensor_cores_grad, c.head_dim);
+    require_close(to_host(dq_wide_d), dq_wide, grad_case.rtol, grad_case.atol, "dq");
+    require_close(to_host(dkv_d), dkv, grad_case.rtol, grad_case.atol, "dk, dv");
     REQUIRE(same_bits(to_host(dq_wide_d), to_host(dq_wide2_d)));
     REQUIRE(same_bits(to_host(dkv_d), to_host(dkv2_d)));
   };
@@ -447,16 +485,108 @@ void check_bf16_ring_against_host(tolerance out_tol, tolerance lse_tol, toleranc
   }
 }
 
-// Tolerances. fp32: both sides compute in float and differ only in summation order and exp
-// (expf against the host's polynomial, both within 2 ulp); on these shapes the host's float
-// result is within 1e-6 of its double one (out, lse and gradients alike), so 1e-5 leaves a
-// tenfold margin. double: the same argument at 2^-53, dot products of <= 300 terms -> 1e-12.
-// bf16: both round the same float value once to bf16; a rounding that falls the other way moves
-// the result by one bf16 step, at most 2^-7 relative -> rtol 1e-2, plus the float differences
-// before rounding (atol 1e-4); lse, delta stay float -> the fp32 tolerance.
-constexpr tolerance fp32{1e-5, 1e-5};
-constexpr tolerance fp64{1e-12, 1e-12};
-constexpr tolerance bf16_rounded{1e-2, 1e-4};
+// ---- bf16 on tensor cores against double ----
+
+// A bf16 host tensor's values as doubles (exact).
+tensor<double, host> widened(const tensor<quintet::bf16, host>& t) {
+  tensor<double, host> wide(t.shape());
+  for (std::int64_t i = 0; i < t.numel(); ++i) wide.data()[i] = as_double(t.data()[i]);
+  return wide;
+}
+
+struct error_size {
+  double largest = 0, mean = 0;
+};
+
+template <class T>
+error_size error_against(const tensor<T, host>& got, const tensor<double, host>& exact) {
+  error_size e;
+  for (std::int64_t i = 0; i < got.numel(); ++i) {
+    const double d = std::abs(as_double(got.data()[i]) - exact.data()[i]);
+    e.largest = std::max(e.largest, d);
+    e.mean += d;
+  }
+  e.mean /= static_cast<double>(got.numel());
+  return e;
+}
+
+// The tensor-core kernels and the host's bf16 kernels on the same bf16 operands, both measured
+// against the double kernels on those operands' exact values. The host computes in float and
+// rounds each result once (its error: half a bf16 step of the result); the tensor-core kernels
+// also round p and ds, whose errors, of random sign over many terms, grow the result's error by
+// a fraction of that step. Held to: mean error at most 2x the host's, largest at most 3x.
+void check_tensor_cores_against_double(k::attention_mask mask, std::int64_t batch,
+                                       std::int64_t queries, std::int64_t keys, std::int64_t heads,
+                                       std::uint64_t stream) {
+  using T = quintet::bf16;
+  const execution<host> host_exec;
+  const execution<device> device_exec;
+  const std::int64_t w = heads * 64;
+  const auto q = random_host<T>(shape{batch, queries, w}, stream);
+  const auto kv = random_host<T>(shape{batch, keys, 2 * w}, stream + 1);
+  const auto dout = random_host<T>(shape{batch, queries, w}, stream + 2);
+  const shape rows{batch, queries, w}, stats{batch, heads, queries};
+
+  // Double: the reference; its out and lse also feed every backward (delta from them).
+  const auto q64 = widened(q), kv64 = widened(kv), dout64 = widened(dout);
+  tensor<double, host> out64(rows), lse64(stats), dq64(rows), dkv64(kv.shape());
+  k::attention_forward(host_exec, q64, part(kv64, 0, w), part(kv64, 1, w), out64, lse64, heads,
+                       mask);
+  auto gradients = [&](const auto& exec, const auto& q_, const auto& kv_, const auto& dout_,
+                       const auto& out_, const auto& lse_, auto& dq_, auto& dkv_) {
+    using acc = typename std::decay_t<decltype(lse_)>::value_type;
+    using D = typename std::decay_t<decltype(q_)>::device_type;
+    tensor<acc, D> delta(stats);
+    quintet::fill(dq_, typename std::decay_t<decltype(q_)>::value_type(0.0f));
+    quintet::fill(dkv_, typename std::decay_t<decltype(q_)>::value_type(0.0f));
+    k::attention_delta(exec, dout_, out_, delta, heads);
+    k::attention_backward_block(exec, q_, part(kv_, 0, w), part(kv_, 1, w), dout_, lse_, delta, dq_,
+                                part(dkv_, 0, w), part(dkv_, 1, w), heads, mask);
+  };
+  gradients(host_exec, q64, kv64, dout64, out64, lse64, dq64, dkv64);
+
+  tensor<T, host> out(rows), dq(rows), dkv(kv.shape());
+  tensor<float, host> lse(stats);
+  k::attention_forward(host_exec, q, part(kv, 0, w), part(kv, 1, w), out, lse, heads, mask);
+  gradients(host_exec, q, kv, dout, out, lse, dq, dkv);
+
+  auto q_d = to_device(q), kv_d = to_device(kv), dout_d = to_device(dout);
+  tensor<T, device> out_d(rows), dq_d(rows), dkv_d(kv.shape());
+  tensor<float, device> lse_d(stats);
+  k::attention_forward(device_exec, q_d, part(kv_d, 0, w), part(kv_d, 1, w), out_d, lse_d, heads,
+                       mask);
+  // The device backward from the host's out and lse: each kernel is measured on its own.
+  auto out_host_d = to_device(out);
+  auto lse_host_d = to_device(lse);
+  gradients(device_exec, q_d, kv_d, dout_d, out_host_d, lse_host_d, dq_d, dkv_d);
+  device_exec.synchronize();
+
+  auto compare = [&](const char* what, const tensor<T, host>& host_result,
+                     const tensor<T, host>& device_result, const tensor<double, host>& exact) {
+    const error_size on_host = error_against(host_result, exact);
+    const error_size on_device = error_against(device_result, exact);
+    std::printf(
+        "attention tensor cores %s, %s %lld x %lld x %lld heads: error against double "
+        "mean %.3g largest %.3g (host bf16: %.3g, %.3g)\n",
+        mask == k::attention_mask::causal ? "causal" : "full", what,
+        static_cast<long long>(queries), static_cast<long long>(keys),
+        static_cast<long long>(heads), on_device.mean, on_device.largest, on_host.mean,
+        on_host.largest);
+    INFO(what << ": mean error " << on_device.mean << " against the host's " << on_host.mean
+              << ", largest " << on_device.largest << " against " << on_host.largest);
+    REQUIRE(on_host.largest > 0);  // the host's bf16 rounding is seen: the bound is not vacuous
+    REQUIRE(on_device.mean <= 2 * on_host.mean);
+    REQUIRE(on_device.largest <= 3 * on_host.largest);
+  };
+  compare("out", to_host(out_d), out, out64);
+  compare("dq", to_host(dq_d), dq, dq64);
+  compare("dk, dv", to_host(dkv_d), dkv, dkv64);
+  // lse is float on both sides, computed from exact products: the fp32 tolerance.
+  tensor<float, host> lse_exact(stats);
+  for (std::int64_t i = 0; i < lse.numel(); ++i)
+    lse_exact.data()[i] = static_cast<float>(lse64.data()[i]);
+  require_close(to_host(lse_d), lse_exact, fp32.rtol, fp32.atol, "lse");
+}
 
 }  // namespace
 
@@ -504,6 +634,19 @@ TEST_CASE("cuda ring attention over 2 and 3 key blocks equals the whole kernel",
   // bf16, ring against ring: up to 3 roundings per element (merges, gradient additions), each of
   // which may fall the other way by one step of a partial result of size <= 2 -> 3 * 2^-7 * 2.
   check_bf16_ring_against_host(tolerance{1e-2, 5e-2}, fp32, tolerance{1e-2, 5e-2});
+}
+
+TEST_CASE("cuda bf16 attention on tensor cores is as close to double as the host's bf16",
+          "[device]") {
+  if (!k::cuda_impl::attention_mma_available()) {
+    WARN("this GPU runs no tensor-core attention (sm_80 and newer only): nothing to compare");
+    return;
+  }
+  // The GPT-2 shape's tiles (several full ones), a partial last tile, the full mask over more
+  // keys than queries.
+  check_tensor_cores_against_double(k::attention_mask::causal, 2, 256, 256, 4, 900);
+  check_tensor_cores_against_double(k::attention_mask::causal, 1, 200, 200, 2, 910);
+  check_tensor_cores_against_double(k::attention_mask::full, 1, 100, 150, 2, 920);
 }
 
 TEST_CASE("cuda attention names a head_dim it cannot tile", "[device]") {

@@ -57,8 +57,9 @@ void check_bias_add() {
   }
 }
 
-// bias_grad accumulates into a random dbias; the device sums each column in 8 row lanes (a fixed
-// order, so two runs agree bit for bit), the host in one running sum.
+// bias_grad accumulates into a random dbias; the device sums each column in chunks of rows, 8 row
+// lanes each, then the chunks in order (a fixed order, so two runs agree bit for bit; 1000 and
+// 1031 rows make 16 and 17 chunks), the host in one running sum.
 template <class T>
 void check_bias_grad(double rtol, double atol) {
   const execution<host> host_exec;
@@ -237,8 +238,9 @@ TEST_CASE("cuda bias_add equals the host's bit for bit", "[device]") {
 
 TEST_CASE("cuda bias_grad accumulates the host's column sums, the same bits run to run",
           "[device]") {
-  // fp32: only the order differs (8 row lanes vs one running sum); each of R <= 1031 roundings of
-  // a partial sum below ~100 is <= 2^-18 ~ 4e-6 with random signs: ~sqrt(R) 4e-6 ~ 1.3e-4.
+  // fp32: only the order differs (chunks of 8 row lanes vs one running sum); each of R <= 1031
+  // roundings of a partial sum below ~100 is <= 2^-18 ~ 4e-6 with random signs: ~sqrt(R) 4e-6
+  // ~ 1.3e-4.
   check_bias_grad<float>(1e-5, 5e-4);
   // double: the same argument at 2^-29 times the fp32 figures.
   check_bias_grad<double>(1e-12, 1e-12);

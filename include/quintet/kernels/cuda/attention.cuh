@@ -1,6 +1,8 @@
 // attention on cuda tensors: flash-attention-style kernels on the host's layout and numerics, in
-// plain FMA arithmetic (no tensor cores yet): float for float, bf16 and half (storage widened on
-// load), double for double. Tiling, grid and visited tiles: kernels/cuda/attention_tiling.hpp.
+// plain FMA arithmetic: float for float, bf16 and half (storage widened on load), double for
+// double. bf16 at head_dim 64 on sm_80 and newer takes the tensor-core kernels of
+// kernels/cuda/attention_mma.cuh instead (same blocks and order; p and ds rounded to bf16 before
+// their products). Tiling, grid and visited tiles: kernels/cuda/attention_tiling.hpp.
 //
 // forward   a block owns a tile of queries of one (batch, head), each query's q, running max, sum
 //           and output in registers, and loops over key tiles staged in shared memory (those
@@ -19,6 +21,7 @@
 #include <quintet/kernels/accumulator.hpp>
 #include <quintet/kernels/attention.hpp>
 #include <quintet/kernels/attention_layout.hpp>
+#include <quintet/kernels/cuda/attention_mma.cuh>
 #include <quintet/kernels/cuda/attention_tiling.hpp>
 #include <quintet/kernels/cuda_execution.hpp>
 #include <quintet/tensor/cuda_memory.hpp>
@@ -432,6 +435,18 @@ template <class T, class Acc>
 void launch_forward(const execution<cuda>& exec, rows3<const T> q, rows3<const T> k,
                     rows3<const T> v, rows3<T> out, Acc* lse, attention_sizes n, Acc scale,
                     attention_mask mask) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (attention_mma_applies(n, q, k, v, out)) {
+      const std::int64_t tiles = attention_mma_row_tiles(n.seq);
+      const attention_mma_forward_args args{q, k, v, out, lse, n, scale, tiles};
+      const unsigned blocks = grid_blocks(n.batch * n.heads * tiles, "attention_forward");
+      if (mask == attention_mask::causal)
+        launch_mma_forward<attention_mask::causal>(exec, args, blocks);
+      else
+        launch_mma_forward<attention_mask::full>(exec, args, blocks);
+      return;
+    }
+  }
   with_head_dim_capacity(n.head_dim, "attention_forward", [&](auto capacity) {
     constexpr int cap = decltype(capacity)::value;
     constexpr attention_tile tile = tile_of<Acc, cap>;
@@ -452,6 +467,23 @@ void launch_backward(const execution<cuda>& exec, rows3<const T> q, rows3<const 
                      rows3<const T> v, rows3<const T> dout, const Acc* lse, const Acc* delta,
                      rows3<T> dq, rows3<T> dk, rows3<T> dv, attention_sizes n, Acc scale,
                      attention_mask mask, const char* name) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (attention_mma_applies(n, q, k, v, dout, dq, dk, dv)) {
+      const std::int64_t query_tiles = attention_mma_row_tiles(n.seq);
+      const std::int64_t key_tiles = attention_mma_row_tiles(n.keys());
+      const attention_mma_backward_args args{q,  k,  v,  dout, lse,   delta,
+                                             dq, dk, dv, n,    scale, query_tiles};
+      const unsigned query_blocks = grid_blocks(n.batch * n.heads * query_tiles, name);
+      const unsigned key_blocks = grid_blocks(n.batch * n.heads * key_tiles, name);
+      if (mask == attention_mask::causal)
+        launch_mma_backward<attention_mask::causal, Accumulate>(
+            exec, args, query_tiles, query_blocks, key_tiles, key_blocks);
+      else
+        launch_mma_backward<attention_mask::full, Accumulate>(exec, args, query_tiles, query_blocks,
+                                                              key_tiles, key_blocks);
+      return;
+    }
+  }
   with_head_dim_capacity(n.head_dim, name, [&](auto capacity) {
     constexpr int cap = decltype(capacity)::value;
     constexpr attention_tile tile = tile_of<Acc, cap>;

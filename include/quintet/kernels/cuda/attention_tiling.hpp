@@ -107,6 +107,52 @@ QUINTET_HOST_DEVICE constexpr std::int64_t attention_first_query_read(attention_
   return mask == attention_mask::causal ? first_key : 0;
 }
 
+// ---- the tensor-core path: bf16 operands at head_dim 64 (kernels/cuda/attention_mma.cuh) ----
+//
+// A block of 4 warps owns 64 rows (queries for the forward and dq, keys for dk/dv), 16 per warp,
+// and loops over the other side 64 rows at a time. Operand tiles are staged in shared memory as
+// bf16 rows of 64 + 8 elements: 144 bytes, so the 8 rows an ldmatrix reads at once (16 bytes
+// each) start in 8 different bank groups, and every row stays 16-byte aligned.
+inline constexpr int attention_mma_head_dim = 64;
+inline constexpr int attention_mma_rows = 64;
+inline constexpr int attention_mma_warp_rows = 16;
+inline constexpr int attention_mma_threads = 32 * attention_mma_rows / attention_mma_warp_rows;
+inline constexpr int attention_mma_bf16_pitch = attention_mma_head_dim + 8;
+
+enum class attention_mma_kernel { forward, dq, dkdv };
+
+// Bytes of one staged (64, 72) bf16 tile.
+inline constexpr std::size_t attention_mma_staged_bytes =
+    std::size_t{attention_mma_rows} * attention_mma_bf16_pitch * 2;
+
+// Dynamic shared memory of a block: the staged tiles (forward: q, k, v; dq: q, dout, k, v; dk/dv:
+// k, v, q, dout), then for dk/dv the staged queries' lse and delta (floats).
+QUINTET_HOST_DEVICE constexpr std::size_t attention_mma_shared_bytes(attention_mma_kernel kernel) {
+  switch (kernel) {
+    case attention_mma_kernel::forward:
+      return 3 * attention_mma_staged_bytes;
+    case attention_mma_kernel::dq:
+      return 4 * attention_mma_staged_bytes;
+    case attention_mma_kernel::dkdv:
+      return 4 * attention_mma_staged_bytes + 2 * std::size_t{attention_mma_rows} * 4;
+  }
+  return 0;
+}
+
+// Row tiles of 64 covering `rows_total` rows.
+QUINTET_HOST_DEVICE constexpr std::int64_t attention_mma_row_tiles(std::int64_t rows_total) {
+  return (rows_total + attention_mma_rows - 1) / attention_mma_rows;
+}
+
+// Whether an operand's rows can be staged 8 bf16 (16 bytes) at a time: its address and both
+// strides (in elements) aligned to 16 bytes. With head_dim 64 each head's columns start at a
+// multiple of 128 bytes of the row.
+QUINTET_HOST_DEVICE constexpr bool attention_mma_rows_aligned(std::uintptr_t address,
+                                                              std::int64_t batch_stride,
+                                                              std::int64_t seq_stride) {
+  return address % 16 == 0 && batch_stride % 8 == 0 && seq_stride % 8 == 0;
+}
+
 // delta, merge and the empty result: one warp per (batch, head, query) row, its 32 lanes striding
 // over head_dim; 8 warps (256 threads) per block.
 inline constexpr int attention_warp_rows = 8;

@@ -1,6 +1,6 @@
-// cross_entropy on cuda tensors: the rows' log-sum-exp by the softmax row machinery
-// (cuda/softmax.cuh), the loss summed over the rows by one block in a fixed order, the gradient an
-// elementwise pass per row; and the vocabulary-parallel shard pieces. Targets are checked on the
+// cross_entropy on cuda tensors: the rows' log-sum-exp by the row machinery
+// (cuda/row_groups.cuh), the loss summed over the rows by one block in a fixed order, the gradient
+// an elementwise pass per row; and the vocabulary-parallel shard pieces. Targets are checked on the
 // device: the first bad row is recorded and the host raises the host kernel's error once the
 // kernel is done, so the loss and the whole-vocabulary backward wait for their kernels.
 #pragma once
@@ -8,7 +8,7 @@
 #include <quintet/core/error.hpp>
 #include <quintet/kernels/accumulator.hpp>
 #include <quintet/kernels/cross_entropy.hpp>
-#include <quintet/kernels/cuda/softmax.cuh>
+#include <quintet/kernels/cuda/row_groups.cuh>
 #include <quintet/kernels/cuda_execution.hpp>
 #include <quintet/kernels/host/cross_entropy.hpp>
 #include <quintet/tensor/cuda_memory.hpp>

@@ -1,9 +1,10 @@
 // The elementwise kernels on cuda tensors: grid-stride loops over the elements with the host's
-// arithmetic element for element, and the bias gradient as a column kernel that sums over rows in a
-// fixed order (deterministic, no atomics).
+// arithmetic element for element, and the bias gradient as column sums over the rows in a fixed
+// order (kernels/cuda/column_sums.cuh: deterministic, no atomics).
 #pragma once
 
 #include <quintet/kernels/accumulator.hpp>
+#include <quintet/kernels/cuda/column_sums.cuh>
 #include <quintet/kernels/cuda_execution.hpp>
 #include <quintet/kernels/elementwise.hpp>
 #include <quintet/kernels/host/elementwise.hpp>
@@ -50,27 +51,23 @@ __global__ void bias_add_kernel(T* x, const T* bias, std::int64_t count, std::in
   }
 }
 
-// dbias[j] += sum_rows dy[r, j]: a block is 32 columns x 8 row lanes (layer_norm's weight pass);
-// lane l sums rows l, l + 8, ... in order, then lane 0 adds the 8 lane sums in lane order. The
-// order is fixed by the shape alone, so the same inputs give the same bits on every run.
-inline constexpr int bias_grad_columns = 32, bias_grad_row_lanes = 8;
+// dbias[j] += sum_rows dy[r, j], summed by column_sums (fixed order, no atomics).
+template <class T>
+struct bias_grad_terms {
+  const T* dy;
+  std::int64_t n;
+  __device__ void operator()(std::int64_t r, std::int64_t j, accumulator_t<T> (&values)[1]) const {
+    values[0] = widen(dy[r * n + j]);
+  }
+};
 
 template <class T>
-__global__ void bias_grad_kernel(const T* dy, T* dbias, std::int64_t rows, std::int64_t n) {
-  using acc = accumulator_t<T>;
-  __shared__ acc lane_sums[bias_grad_row_lanes][bias_grad_columns];
-  const std::int64_t j = std::int64_t{blockIdx.x} * bias_grad_columns + threadIdx.x;
-  acc sum = 0;
-  if (j < n)
-    for (std::int64_t r = threadIdx.y; r < rows; r += bias_grad_row_lanes)
-      sum += widen(dy[r * n + j]);
-  lane_sums[threadIdx.y][threadIdx.x] = sum;
-  __syncthreads();
-  if (threadIdx.y == 0 && j < n) {
-    for (int lane = 1; lane < bias_grad_row_lanes; ++lane) sum += lane_sums[lane][threadIdx.x];
-    dbias[j] = narrow<T>(widen(dbias[j]) + sum);
+struct bias_grad_finish {
+  T* dbias;
+  __device__ void operator()(std::int64_t j, const accumulator_t<T> (&totals)[1]) const {
+    dbias[j] = narrow<T>(widen(dbias[j]) + totals[0]);
   }
-}
+};
 
 // GELU as the host evaluates it (host_impl::gelu_forward, gelu_backward): x s with
 // s = 1 / (1 + e), e = exp(-2u), u = sqrt(2/pi) (x + 0.044715 x^3), the same constants. For float
@@ -183,15 +180,8 @@ struct elementwise_engine<cuda> {
   static void bias_grad(const execution<cuda>& exec, const T* dy, T* dbias, std::int64_t rows,
                         std::int64_t n) {
     // No early return for rows == 0: the host still adds its zero sums (-0 becomes +0).
-    if (n == 0) return;
-    const std::int64_t column_blocks =
-        (n + cuda_impl::bias_grad_columns - 1) / cuda_impl::bias_grad_columns;
-    QUINTET_CHECK(column_blocks <= 2147483647,
-                  "bias_grad on cuda: {} columns need more than 2^31 - 1 blocks", n);
-    const dim3 block(cuda_impl::bias_grad_columns, cuda_impl::bias_grad_row_lanes);
-    cuda_impl::bias_grad_kernel<<<static_cast<unsigned>(column_blocks), block, 0, exec.native()>>>(
-        dy, dbias, rows, n);
-    QUINTET_CUDA_CHECK(cudaGetLastError());
+    cuda_impl::column_sums<1, accumulator_t<T>>(exec, rows, n, cuda_impl::bias_grad_terms<T>{dy, n},
+                                                cuda_impl::bias_grad_finish<T>{dbias}, "bias_grad");
   }
 
   template <class T>

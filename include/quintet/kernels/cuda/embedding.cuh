@@ -7,7 +7,7 @@
 
 #include <quintet/core/error.hpp>
 #include <quintet/kernels/accumulator.hpp>
-#include <quintet/kernels/cuda/softmax.cuh>  // the 16-byte row chunks (load_chunk, store_chunk)
+#include <quintet/kernels/cuda/row_groups.cuh>  // the 16-byte row chunks (load_chunk, store_chunk)
 #include <quintet/kernels/cuda_execution.hpp>
 #include <quintet/kernels/embedding.hpp>
 #include <quintet/kernels/host/embedding.hpp>
