@@ -3,13 +3,16 @@
 # needs, run the GPU tests, then the GPU benchmarks and train_gpt on the GPU, and write a JSON
 # summary with each figure beside its target.
 #
-#   tools/device_check.sh [--out DIR] [--bin DIR] [--skip-bench]
+#   tools/device_check.sh [--out DIR] [--bin DIR] [--skip-bench] [--no-profile]
 #
-# --out DIR   where the logs, the benchmark JSON and summary.json go (default: device-check/ in
-#             the repository)
-# --bin DIR   use binaries built elsewhere (test_gpu_*, bench_gpu_kernels and train_gpt in DIR)
-#             instead of building; the machine then needs only the driver and the shared
-#             libraries they use
+# --out DIR     where the logs, the benchmark JSON and summary.json go (default: device-check/
+#               in the repository)
+# --bin DIR     use binaries built elsewhere (test_gpu_*, bench_gpu_kernels and train_gpt in
+#               DIR) instead of building; the machine then needs only the driver and the shared
+#               libraries they use
+# --skip-bench  no kernel benchmarks
+# --no-profile  no per-kernel profile of two 124M steps (taken where Nsight Compute's ncu is
+#               installed, ~45 s on an H200; tools/ncu_summary.py groups it into kernel families)
 # Exit status: 0 when every GPU test passed and every benchmark and training run finished (the
 # targets are reported in the summary, not enforced), 1 otherwise, 2 for a bad argument.
 set -uo pipefail
@@ -17,11 +20,13 @@ set -uo pipefail
 out=""
 bin=""
 skip_bench=0
+profile=1
 while (($#)); do
   case "$1" in
     --out) out="$(realpath -m "$2")"; shift 2 ;;
     --bin) bin="$(realpath -m "$2")"; shift 2 ;;
     --skip-bench) skip_bench=1; shift ;;
+    --no-profile) profile=0; shift ;;
     *) echo "device_check: unknown argument '$1' (see the header of $0)" >&2; exit 2 ;;
   esac
 done
@@ -98,12 +103,13 @@ echo "device_check: benchmarks done ($(elapsed) s)"
 # Training on the GPU: the default run (the small model on the Markov source, fp32) to its floor,
 # then the GPT-2 124M shape (12 layers, d 768, 12 heads, vocabulary 50304, seq 1024) in bf16 for
 # 20 steps of 16 x 1024 tokens: tokens/s and MFU against the device's dense bf16 peak.
+gpt2_124m=(--device cuda --dtype bf16 --layers 12 --d-model 768 --heads 12 --vocab 50304 --order 1
+           --seq 1024 --batch 16)
 if [[ -x "$train_gpt" ]]; then
   timeout 300 "$train_gpt" --device cuda --report "$out/train_gpt_default.json" \
     > "$out/train_gpt_default.log" 2>&1 || status=1
   tail -2 "$out/train_gpt_default.log"
-  timeout 300 "$train_gpt" --device cuda --dtype bf16 --layers 12 --d-model 768 --heads 12 \
-    --vocab 50304 --order 1 --seq 1024 --batch 16 --steps 20 --warmup 5 --lr 6e-4 --min-lr 6e-5 \
+  timeout 300 "$train_gpt" "${gpt2_124m[@]}" --steps 20 --warmup 5 --lr 6e-4 --min-lr 6e-5 \
     --eval-every 0 --log-every 5 --report "$out/train_gpt_report.json" \
     > "$out/train_gpt_124m.log" 2>&1 || status=1
   grep -E "^(quintet|step|summary)|error" "$out/train_gpt_124m.log" | cut -c1-200
@@ -112,6 +118,19 @@ else
   status=1
 fi
 echo "device_check: training done ($(elapsed) s)"
+
+# Where the 124M step's GPU time goes: Nsight Compute times every kernel of 2 steps (alone, clocks
+# locked), tools/ncu_summary.py groups them into families (profile.json, in the summary).
+ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+if ((profile)) && [[ -x "$ncu" && -x "$train_gpt" ]]; then
+  timeout 240 "$ncu" --metrics gpu__time_duration.sum --print-summary per-kernel \
+    "$train_gpt" "${gpt2_124m[@]}" --steps 2 --warmup 1 --eval-every 0 --sample-tokens 0 \
+    > "$out/ncu.txt" 2>&1 || status=1
+  python3 tools/ncu_summary.py "$out/ncu.txt" --steps 2 > "$out/profile.json" || status=1
+  echo "device_check: profile done ($(elapsed) s)"
+elif ((profile)); then
+  echo "device_check: no ncu (Nsight Compute): the step profile is skipped"
+fi
 
 python3 tools/device_summary.py "$out" --seconds "$(elapsed)" --status "$status" > "$out/summary.json"
 cat "$out/summary.json"

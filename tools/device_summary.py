@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The JSON summary of tools/device_check.sh: the GPU tests' results, the benchmarks' figures
-against issue 14's targets, and the training run's tokens/s and MFU where it ran."""
+against issue 14's targets, the training run's tokens/s and MFU where it ran, and the 124M step's
+kernel families (tools/ncu_summary.py) where Nsight Compute profiled it."""
 import argparse
 import json
 import os
@@ -91,6 +92,8 @@ def main():
     result["train_gpt_default"] = read_training(args.out, "train_gpt_default.json", None)
     result["train_gpt_124m_bf16"] = read_training(args.out, "train_gpt_report.json",
                                                   TARGETS["gpt2_124m_mfu"])
+    profile = os.path.join(args.out, "profile.json")
+    result["step_profile"] = json.load(open(profile)) if os.path.exists(profile) else "not run"
     json.dump(result, sys.stdout, indent=1)
     print()
 

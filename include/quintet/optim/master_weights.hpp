@@ -70,10 +70,7 @@ class master_weights {
 
   // The master parameter of one of the model's.
   nn::parameter<master_type, Device>& master_of(const nn::parameter<T, Device>& p) {
-    const auto found = index_.find(&p);
-    QUINTET_CHECK(found != index_.end(),
-                  "mixed precision: parameter '{}' is not one of the model's", p.name);
-    return *pairs_[found->second].master;
+    return *pairs_[index_of(p)].master;
   }
 
   // A step begins: no micro-batch's gradient has been accumulated, the model's gradients are
@@ -96,11 +93,9 @@ class master_weights {
     if (!in_step_) return masters;
     masters.reserve(ready.size());
     for (auto* p : ready) {
-      const auto found = index_.find(p);
-      QUINTET_CHECK(found != index_.end(),
-                    "mixed precision: parameter '{}' is not one of the model's", p->name);
-      auto& [model, master] = pairs_[found->second];
-      ++accumulated_[found->second];
+      const std::size_t at = index_of(*p);
+      auto& [model, master] = pairs_[at];
+      ++accumulated_[at];
       kernels::accumulate(exec_, model->grad, master->grad);
       fill(model->grad, T(0));
       masters.push_back(master);
@@ -133,6 +128,15 @@ class master_weights {
     nn::parameter<T, Device>* model;
     nn::parameter<master_type, Device>* master;
   };
+
+  // Where one of the model's parameters sits in pairs_; a parameter of another registry is an
+  // error naming it.
+  std::size_t index_of(const nn::parameter<T, Device>& p) const {
+    const auto found = index_.find(&p);
+    QUINTET_CHECK(found != index_.end(),
+                  "mixed precision: parameter '{}' is not one of the model's", p.name);
+    return found->second;
+  }
 
   nn::parameter_registry<T, Device>& model_;
   const execution<Device>& exec_;

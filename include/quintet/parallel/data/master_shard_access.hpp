@@ -59,8 +59,8 @@ class master_shard_access {
                   "mixed precision: master_shard_access serves ZeRO-3, not ZeRO-{}",
                   runtime.zero_stage());
     QUINTET_CHECK(model.flattened(),
-                  "mixed precision: flatten the model's registry with the master's "
-                  "data_parallel_layout first");
+                  "mixed precision: flatten the model's registry first, its buckets cut at "
+                  "the master's piece boundaries (data_parallel_layout's pieces)");
     auto& buckets = model.buckets();
     slots_.resize(buckets.size());
     for (std::size_t b = 0; b < buckets.size(); ++b)
