@@ -126,7 +126,9 @@ if ((profile)) && [[ -x "$ncu" && -x "$train_gpt" ]]; then
   timeout 240 "$ncu" --metrics gpu__time_duration.sum --print-summary per-kernel \
     "$train_gpt" "${gpt2_124m[@]}" --steps 2 --warmup 1 --eval-every 0 --sample-tokens 0 \
     > "$out/ncu.txt" 2>&1 || status=1
-  python3 tools/ncu_summary.py "$out/ncu.txt" --steps 2 > "$out/profile.json" || status=1
+  # A failed summary leaves no profile.json (device_summary.py reports "not run"), not an empty one.
+  python3 tools/ncu_summary.py "$out/ncu.txt" --steps 2 > "$out/profile.json" ||
+    { status=1; rm -f "$out/profile.json"; }
   echo "device_check: profile done ($(elapsed) s)"
 elif ((profile)); then
   echo "device_check: no ncu (Nsight Compute): the step profile is skipped"
