@@ -135,7 +135,6 @@ TEST_CASE("the portable blocked kernel equals the double reference", "[kernels][
 
 TEST_CASE("every instruction set of the portable kernel this CPU runs gives the same product",
           "[kernels][matmul]") {
-  using quintet::kernels::host_impl::gemm_isa;
   // Sizes that cross every cache block (mc 96, kc 256, nc 2048 is too large; 40 exercises edges).
   const std::int64_t m = 200, n = 45, k = 520;
   auto a = random_tensor<float>(shape{m, k}, 7);
@@ -148,12 +147,12 @@ TEST_CASE("every instruction set of the portable kernel this CPU runs gives the 
       for (std::int64_t q = 0; q < k; ++q) sum += ad[i * k + q] * bd[j * k + q];
       want[i * n + j] = sum;
     }
-  for (const gemm_isa isa : {gemm_isa::baseline, gemm_isa::avx2, gemm_isa::avx512}) {
-    if (!quintet::kernels::host_impl::gemm_isa_supported(isa)) continue;
+  for (const quintet::host_isa isa : quintet::all_host_isas) {
+    if (!quintet::host_isa_supported(isa)) continue;
     tensor<float, host> c(shape{m, n});
     quintet::kernels::host_impl::gemm_portable<float>(false, true, m, n, k, 1.0f, a.data(), k,
                                                       b.data(), k, 0.0f, c.data(), n, isa);
-    INFO("isa " << static_cast<int>(isa));
+    INFO("isa " << quintet::host_isa_name(isa));
     // |terms| <= 1 each, k = 520 of them: float error well under 1e-4 absolute.
     require_close(c, want, 0.0, 1e-4, "portable kernel");
   }

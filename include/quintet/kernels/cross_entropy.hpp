@@ -55,7 +55,7 @@ struct cross_entropy_engine<host> {
                                       const std::int32_t* targets, Acc* lse, std::int64_t rows,
                                       std::int64_t vocab, std::int32_t ignore_index) {
     const std::int64_t grain = execution<host>::grain_for(vocab);  // rows
-    exec.parallel_for(rows, grain, [&](std::int64_t begin, std::int64_t end) {
+    exec.parallel_rows<T>(rows, grain, [&](std::int64_t begin, std::int64_t end) {
       host_impl::cross_entropy_log_sum_exp(logits + begin * vocab, lse + begin, end - begin, vocab);
     });
     const auto totals =
@@ -67,24 +67,27 @@ struct cross_entropy_engine<host> {
                        const Acc* lse, T* dlogits, std::int64_t rows, std::int64_t vocab, Acc scale,
                        std::int32_t ignore_index) {
     const std::int64_t grain = execution<host>::grain_for(vocab);  // rows
-    exec.parallel_for(rows, grain, [&](std::int64_t begin, std::int64_t end) {
+    exec.parallel_rows<T>(rows, grain, [&](std::int64_t begin, std::int64_t end) {
       host_impl::cross_entropy_backward(logits + begin * vocab, targets + begin, lse + begin,
                                         dlogits + begin * vocab, end - begin, vocab, scale,
                                         ignore_index, begin);
     });
   }
   template <class T, class Acc>
-  static void shard_max(const execution<host>&, const T* logits, Acc* row_max, std::int64_t rows,
-                        std::int64_t columns, std::int64_t valid) {
-    host_impl::cross_entropy_shard_max(logits, row_max, rows, columns, valid);
+  static void shard_max(const execution<host>& exec, const T* logits, Acc* row_max,
+                        std::int64_t rows, std::int64_t columns, std::int64_t valid) {
+    exec.run_rows<T>(
+        [&] { host_impl::cross_entropy_shard_max(logits, row_max, rows, columns, valid); });
   }
   template <class T, class Acc>
-  static void shard_partials(const execution<host>&, const T* logits, const std::int32_t* targets,
-                             const Acc* row_max, Acc* partials, std::int64_t rows,
-                             std::int64_t columns, std::int64_t begin, std::int64_t valid,
-                             std::int32_t ignore_index) {
-    host_impl::cross_entropy_shard_partials(logits, targets, row_max, partials, rows, columns,
-                                            begin, valid, ignore_index);
+  static void shard_partials(const execution<host>& exec, const T* logits,
+                             const std::int32_t* targets, const Acc* row_max, Acc* partials,
+                             std::int64_t rows, std::int64_t columns, std::int64_t begin,
+                             std::int64_t valid, std::int32_t ignore_index) {
+    exec.run_rows<T>([&] {
+      host_impl::cross_entropy_shard_partials(logits, targets, row_max, partials, rows, columns,
+                                              begin, valid, ignore_index);
+    });
   }
   template <class Acc>
   static cross_entropy_result shard_finish(const execution<host>&, const std::int32_t* targets,
@@ -96,12 +99,14 @@ struct cross_entropy_engine<host> {
     return {totals.loss_sum, totals.count};
   }
   template <class T, class Acc>
-  static void shard_backward(const execution<host>&, const T* logits, const std::int32_t* targets,
-                             const Acc* lse, T* dlogits, std::int64_t rows, std::int64_t columns,
-                             std::int64_t begin, std::int64_t valid, Acc scale,
-                             std::int32_t ignore_index) {
-    host_impl::cross_entropy_shard_backward(logits, targets, lse, dlogits, rows, columns, begin,
-                                            valid, scale, ignore_index);
+  static void shard_backward(const execution<host>& exec, const T* logits,
+                             const std::int32_t* targets, const Acc* lse, T* dlogits,
+                             std::int64_t rows, std::int64_t columns, std::int64_t begin,
+                             std::int64_t valid, Acc scale, std::int32_t ignore_index) {
+    exec.run_rows<T>([&] {
+      host_impl::cross_entropy_shard_backward(logits, targets, lse, dlogits, rows, columns, begin,
+                                              valid, scale, ignore_index);
+    });
   }
 };
 

@@ -27,51 +27,69 @@ struct elementwise_engine {
                 "<quintet/kernels/cuda/elementwise.cuh> in a translation unit compiled by nvcc");
 };
 
+// Row and element loops are split over the context's threads and, for float, run with its
+// instruction set (execution<host>::parallel_rows): elementwise, so the same bits however split.
+// bias_grad sums columns over rows in row order on one thread, which keeps its bits too.
 template <>
 struct elementwise_engine<host> {
+  static constexpr std::int64_t grain = execution<host>::grain_for(1);
+
   template <class T>
-  static void bias_add(const execution<host>&, T* x, const T* bias, std::int64_t rows,
+  static void bias_add(const execution<host>& exec, T* x, const T* bias, std::int64_t rows,
                        std::int64_t n) {
-    host_impl::bias_add(x, bias, rows, n);
+    exec.parallel_rows<T>(rows, execution<host>::grain_for(n),
+                          [&](std::int64_t begin, std::int64_t end) {
+                            host_impl::bias_add(x + begin * n, bias, end - begin, n);
+                          });
   }
   template <class T>
-  static void bias_grad(const execution<host>&, const T* dy, T* dbias, std::int64_t rows,
+  static void bias_grad(const execution<host>& exec, const T* dy, T* dbias, std::int64_t rows,
                         std::int64_t n) {
-    host_impl::bias_grad(dy, dbias, rows, n);
+    exec.run_rows<T>([&] { host_impl::bias_grad(dy, dbias, rows, n); });
   }
   template <class T>
-  static void gelu_forward(const execution<host>&, const T* x, T* y, std::int64_t count) {
-    host_impl::gelu_forward(x, y, count);
+  static void gelu_forward(const execution<host>& exec, const T* x, T* y, std::int64_t count) {
+    exec.parallel_rows<T>(count, grain, [&](std::int64_t begin, std::int64_t end) {
+      host_impl::gelu_forward(x + begin, y + begin, end - begin);
+    });
   }
   template <class T>
-  static void gelu_backward(const execution<host>&, const T* x, const T* dy, T* dx,
+  static void gelu_backward(const execution<host>& exec, const T* x, const T* dy, T* dx,
                             std::int64_t count) {
-    host_impl::gelu_backward(x, dy, dx, count);
+    exec.parallel_rows<T>(count, grain, [&](std::int64_t begin, std::int64_t end) {
+      host_impl::gelu_backward(x + begin, dy + begin, dx + begin, end - begin);
+    });
   }
   template <class T>
-  static void add(const execution<host>&, const T* a, const T* b, T* out, std::int64_t count) {
-    host_impl::add(a, b, out, count);
+  static void add(const execution<host>& exec, const T* a, const T* b, T* out, std::int64_t count) {
+    exec.parallel_rows<T>(count, grain, [&](std::int64_t begin, std::int64_t end) {
+      host_impl::add(a + begin, b + begin, out + begin, end - begin);
+    });
   }
   template <class T>
-  static void scale(const execution<host>&, T* x, accumulator_t<T> alpha, std::int64_t count) {
-    host_impl::scale(x, alpha, count);
+  static void scale(const execution<host>& exec, T* x, accumulator_t<T> alpha, std::int64_t count) {
+    exec.parallel_rows<T>(count, grain, [&](std::int64_t begin, std::int64_t end) {
+      host_impl::scale(x + begin, alpha, end - begin);
+    });
   }
   // Over the context's threads: a large fill is mostly first touches of fresh pages, which two
   // threads take in about half the time.
   template <class T>
   static void fill(const execution<host>& exec, T* x, T value, std::int64_t count) {
-    exec.parallel_for(count, execution<host>::grain_for(1),
-                      [&](std::int64_t begin, std::int64_t end) {
-                        host_impl::fill(x + begin, value, end - begin);
-                      });
+    exec.parallel_for(count, grain, [&](std::int64_t begin, std::int64_t end) {
+      host_impl::fill(x + begin, value, end - begin);
+    });
   }
   template <class From, class To>
   static void convert(const execution<host>&, const From* in, To* out, std::int64_t count) {
     host_impl::convert(in, out, count);
   }
   template <class From, class To>
-  static void accumulate(const execution<host>&, const From* from, To* into, std::int64_t count) {
-    host_impl::accumulate(from, into, count);
+  static void accumulate(const execution<host>& exec, const From* from, To* into,
+                         std::int64_t count) {
+    exec.parallel_rows<From>(count, grain, [&](std::int64_t begin, std::int64_t end) {
+      host_impl::accumulate(from + begin, into + begin, end - begin);
+    });
   }
 };
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <quintet/core/error.hpp>
+#include <quintet/kernels/host/isa.hpp>
 #include <quintet/kernels/host/workers.hpp>
 #include <quintet/tensor/device.hpp>
 #include <quintet/tensor/device_memory.hpp>
@@ -13,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <thread>
+#include <type_traits>
 
 namespace quintet {
 
@@ -27,11 +29,16 @@ class execution {
 // (the default); a serial run uses all_cores(). `threads` is what the BLAS product may use (see
 // kernels/host/blas.hpp for how it maps onto OpenBLAS's process-wide setting) and what
 // parallel_for splits the large elementwise loops over (the caller and threads - 1 workers, which
-// copies of the context share). Other host kernels run on the calling thread.
+// copies of the context share). Other host kernels run on the calling thread. `isa` is the
+// instruction set the hot row kernels run with (kernels/host/isa.hpp): every choice gives the
+// same bits, so it is a speed setting only.
 template <>
 class execution<host> {
  public:
-  explicit execution(int threads = 1) : threads_(threads) {
+  explicit execution(int threads = 1, host_isa isa = default_host_isa())
+      : threads_(threads), isa_(isa) {
+    QUINTET_CHECK(host_isa_supported(isa), "host_isa {}: this CPU cannot run it",
+                  host_isa_name(isa));
     QUINTET_CHECK(threads >= 1, "a host execution context needs at least one thread, got {}",
                   threads);
     if (threads > 1) workers_ = std::make_shared<kernels::host_impl::host_workers>(threads - 1);
@@ -43,6 +50,7 @@ class execution<host> {
   }
 
   int threads() const { return threads_; }
+  host_isa isa() const { return isa_; }
 
   // Elements of streaming work (a load or two and a store each) a part should hold at least:
   // below this, waking a worker costs more than it saves.
@@ -70,8 +78,33 @@ class execution<host> {
                   [&](int part) { body(count * part / parts, count * (part + 1) / parts); });
   }
 
+  // parallel_for for a row kernel over elements of type T: for float, the type models train in,
+  // each part runs body compiled for isa() (kernels/host/isa.hpp); other types run the portable
+  // build only, which keeps the instantiations few.
+  template <class T, class Body>
+  void parallel_rows(std::int64_t count, std::int64_t grain, const Body& body) const {
+    parallel_for(count, grain, [&](std::int64_t begin, std::int64_t end) {
+      if constexpr (std::is_same_v<T, float>) {
+        kernels::host_impl::run_on_isa(isa_, [&] { body(begin, end); });
+      } else {
+        body(begin, end);
+      }
+    });
+  }
+
+  // body() on the calling thread, compiled for isa() when T is float.
+  template <class T, class Body>
+  void run_rows(const Body& body) const {
+    if constexpr (std::is_same_v<T, float>) {
+      kernels::host_impl::run_on_isa(isa_, body);
+    } else {
+      body();
+    }
+  }
+
  private:
   int threads_;
+  host_isa isa_;
   std::shared_ptr<kernels::host_impl::host_workers> workers_;
 };
 

@@ -21,29 +21,43 @@ struct layer_norm_engine {
                 "<quintet/kernels/cuda/layer_norm.cuh> in a translation unit compiled by nvcc");
 };
 
+// Row passes over the context's threads, with its instruction set for float; the passes that sum
+// dgamma and dbeta over rows (in row order) run on the calling thread, which keeps their bits.
 template <>
 struct layer_norm_engine<host> {
   template <class T, class Acc>
-  static void forward(const execution<host>&, const T* x, const T* gamma, const T* beta, T* y,
+  static void forward(const execution<host>& exec, const T* x, const T* gamma, const T* beta, T* y,
                       Acc* mean, Acc* rstd, std::int64_t rows, std::int64_t n, Acc eps) {
-    host_impl::layer_norm_forward(x, gamma, beta, y, mean, rstd, rows, n, eps);
+    exec.parallel_rows<T>(
+        rows, execution<host>::grain_for(n), [&](std::int64_t begin, std::int64_t end) {
+          host_impl::layer_norm_forward(x + begin * n, gamma, beta, y + begin * n, mean + begin,
+                                        rstd + begin, end - begin, n, eps);
+        });
   }
   template <class T, class Acc>
-  static void backward(const execution<host>&, const T* x, const T* gamma, const Acc* mean,
+  static void backward(const execution<host>& exec, const T* x, const T* gamma, const Acc* mean,
                        const Acc* rstd, const T* dy, T* dx, T* dgamma, T* dbeta, std::int64_t rows,
                        std::int64_t n) {
-    host_impl::layer_norm_backward(x, gamma, mean, rstd, dy, dx, dgamma, dbeta, rows, n);
+    exec.run_rows<T>([&] {
+      host_impl::layer_norm_backward(x, gamma, mean, rstd, dy, dx, dgamma, dbeta, rows, n);
+    });
   }
   template <class T, class Acc>
-  static void backward_input(const execution<host>&, const T* x, const T* gamma, const Acc* mean,
-                             const Acc* rstd, const T* dy, T* dx, std::int64_t rows,
-                             std::int64_t n) {
-    host_impl::layer_norm_backward_input(x, gamma, mean, rstd, dy, dx, rows, n);
+  static void backward_input(const execution<host>& exec, const T* x, const T* gamma,
+                             const Acc* mean, const Acc* rstd, const T* dy, T* dx,
+                             std::int64_t rows, std::int64_t n) {
+    exec.parallel_rows<T>(
+        rows, execution<host>::grain_for(n), [&](std::int64_t begin, std::int64_t end) {
+          host_impl::layer_norm_backward_input(x + begin * n, gamma, mean + begin, rstd + begin,
+                                               dy + begin * n, dx + begin * n, end - begin, n);
+        });
   }
   template <class T, class Acc>
-  static void backward_weight(const execution<host>&, const T* x, const Acc* mean, const Acc* rstd,
-                              const T* dy, T* dgamma, T* dbeta, std::int64_t rows, std::int64_t n) {
-    host_impl::layer_norm_backward_weight(x, mean, rstd, dy, dgamma, dbeta, rows, n);
+  static void backward_weight(const execution<host>& exec, const T* x, const Acc* mean,
+                              const Acc* rstd, const T* dy, T* dgamma, T* dbeta, std::int64_t rows,
+                              std::int64_t n) {
+    exec.run_rows<T>(
+        [&] { host_impl::layer_norm_backward_weight(x, mean, rstd, dy, dgamma, dbeta, rows, n); });
   }
 };
 

@@ -17,16 +17,26 @@ struct softmax_engine {
                 "<quintet/kernels/cuda/softmax.cuh> in a translation unit compiled by nvcc");
 };
 
+// Rows over the context's threads, with its instruction set for float (each row's bits are its
+// own).
 template <>
 struct softmax_engine<host> {
   template <class T>
-  static void forward(const execution<host>&, const T* x, T* y, std::int64_t rows, std::int64_t n) {
-    host_impl::softmax_forward(x, y, rows, n);
+  static void forward(const execution<host>& exec, const T* x, T* y, std::int64_t rows,
+                      std::int64_t n) {
+    exec.parallel_rows<T>(
+        rows, execution<host>::grain_for(n), [&](std::int64_t begin, std::int64_t end) {
+          host_impl::softmax_forward(x + begin * n, y + begin * n, end - begin, n);
+        });
   }
   template <class T>
-  static void backward(const execution<host>&, const T* y, const T* dy, T* dx, std::int64_t rows,
-                       std::int64_t n) {
-    host_impl::softmax_backward(y, dy, dx, rows, n);
+  static void backward(const execution<host>& exec, const T* y, const T* dy, T* dx,
+                       std::int64_t rows, std::int64_t n) {
+    exec.parallel_rows<T>(rows, execution<host>::grain_for(n),
+                          [&](std::int64_t begin, std::int64_t end) {
+                            host_impl::softmax_backward(y + begin * n, dy + begin * n,
+                                                        dx + begin * n, end - begin, n);
+                          });
   }
 };
 

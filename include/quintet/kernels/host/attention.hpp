@@ -166,8 +166,7 @@ void softmax_weights(T* scores, std::int64_t first, std::int64_t rows, std::int6
   for (std::int64_t r = 0; r < rows; ++r) {
     T* row = scores + r * cols;
     const std::int64_t i = first + r, valid = visible_keys(mask, i, cols);
-    T peak = -std::numeric_limits<T>::infinity();
-    for (std::int64_t j = 0; j < valid; ++j) peak = std::max(peak, row[j]);
+    const T peak = lane_max<T>(valid, [&](std::int64_t j) { return row[j]; });
     lane_map(row, valid, [&](std::int64_t j) { return row[j] - peak; });
     exponentials(row, row, valid);
     const T total = lane_sum<T>(valid, [&](std::int64_t j) { return row[j]; });
@@ -199,6 +198,24 @@ inline std::int64_t block_keys(attention_mask mask, std::int64_t i0, std::int64_
   return mask == attention_mask::causal ? i0 + rows : keys;
 }
 
+// (batch, head) pairs are independent: the product kernels split them over the context's threads,
+// each part running its small products on one thread (BLAS would run a 64 x 64 x 64 product on
+// one thread anyway, leaving the other cores idle). A part holds at least this many score
+// elements times head_dim of work, so that waking a worker pays.
+inline constexpr std::int64_t attention_pair_work = std::int64_t{1} << 21;
+
+template <class Body>
+void for_each_head_pair(const execution<host>& exec, attention_sizes n, std::int64_t keys,
+                        const Body& body) {
+  const std::int64_t pairs = n.batch * n.heads;
+  const std::int64_t work = std::max<std::int64_t>(1, n.seq * keys * n.head_dim);
+  const std::int64_t grain = std::max<std::int64_t>(1, attention_pair_work / work);
+  exec.parallel_for(pairs, grain, [&](std::int64_t begin, std::int64_t end) {
+    const execution<host> part(1, exec.isa());
+    body(part, begin, end);
+  });
+}
+
 // float / double through matrix products. Per (batch, head) and block of queries [i0, i1):
 //   S = scale Q[i0:i1] K[0:cols]^T,  P = masked softmax(S) (lse saved),  O[i0:i1] = P V[0:cols].
 template <class T>
@@ -212,24 +229,28 @@ void attention_forward_products(const execution<host>& exec, rows3<const T> q, r
     std::fill(lse, lse + n.batch * n.heads * n.seq, no_keys_lse<T>);
     return;
   }
-  std::vector<T> scores(static_cast<std::size_t>(std::min(block, n.seq) * keys));
-  for (std::int64_t b = 0; b < n.batch; ++b)
-    for (std::int64_t h = 0; h < n.heads; ++h) {
-      const T* qh = q.at(b, 0) + h * d;
-      const T* kh = k.at(b, 0) + h * d;
-      const T* vh = v.at(b, 0) + h * d;
-      T* oh = out.at(b, 0) + h * d;
-      T* lse_h = lse + (b * n.heads + h) * n.seq;
-      for (std::int64_t i0 = 0; i0 < n.seq; i0 += block) {
-        const std::int64_t rows = std::min(block, n.seq - i0),
-                           cols = block_keys(mask, i0, rows, keys);
-        gemm<T>(exec, default_gemm_backend, false, true, rows, cols, d, scale,
-                qh + i0 * q.seq_stride, q.seq_stride, kh, k.seq_stride, T(0), scores.data(), cols);
-        softmax_weights(scores.data(), i0, rows, cols, lse_h, mask);
-        gemm<T>(exec, default_gemm_backend, false, false, rows, d, cols, T(1), scores.data(), cols,
-                vh, v.seq_stride, T(0), oh + i0 * out.seq_stride, out.seq_stride);
-      }
-    }
+  for_each_head_pair(
+      exec, n, keys, [&](const execution<host>& one, std::int64_t first, std::int64_t last) {
+        std::vector<T> scores(static_cast<std::size_t>(std::min(block, n.seq) * keys));
+        for (std::int64_t pair = first; pair < last; ++pair) {
+          const std::int64_t b = pair / n.heads, h = pair % n.heads;
+          const T* qh = q.at(b, 0) + h * d;
+          const T* kh = k.at(b, 0) + h * d;
+          const T* vh = v.at(b, 0) + h * d;
+          T* oh = out.at(b, 0) + h * d;
+          T* lse_h = lse + pair * n.seq;
+          for (std::int64_t i0 = 0; i0 < n.seq; i0 += block) {
+            const std::int64_t rows = std::min(block, n.seq - i0),
+                               cols = block_keys(mask, i0, rows, keys);
+            gemm<T>(one, default_gemm_backend, false, true, rows, cols, d, scale,
+                    qh + i0 * q.seq_stride, q.seq_stride, kh, k.seq_stride, T(0), scores.data(),
+                    cols);
+            one.run_rows<T>([&] { softmax_weights(scores.data(), i0, rows, cols, lse_h, mask); });
+            gemm<T>(one, default_gemm_backend, false, false, rows, d, cols, T(1), scores.data(),
+                    cols, vh, v.seq_stride, T(0), oh + i0 * out.seq_stride, out.seq_stride);
+          }
+        }
+      });
 }
 
 // The block backward through products. Per (batch, head) and block of queries [i0, i1), with P
@@ -245,43 +266,48 @@ void attention_backward_block_products(const execution<host>& exec, rows3<const 
   const std::int64_t d = n.head_dim, block = attention_query_block, keys = n.keys();
   if (n.seq == 0 || d == 0 || keys == 0) return;
   const std::size_t scratch = static_cast<std::size_t>(std::min(block, n.seq) * keys);
-  std::vector<T> weights(scratch), dweights(scratch);
-  for (std::int64_t b = 0; b < n.batch; ++b)
-    for (std::int64_t h = 0; h < n.heads; ++h) {
-      const std::int64_t column = h * d;
-      const T* qh = q.at(b, 0) + column;
-      const T* kh = k.at(b, 0) + column;
-      const T* vh = v.at(b, 0) + column;
-      const T* doh = dout.at(b, 0) + column;
-      T* dqh = dq.at(b, 0) + column;
-      T* dkh = dk.at(b, 0) + column;
-      T* dvh = dv.at(b, 0) + column;
-      const T* lse_h = lse + (b * n.heads + h) * n.seq;
-      const T* delta_h = delta + (b * n.heads + h) * n.seq;
-      for (std::int64_t i0 = 0; i0 < n.seq; i0 += block) {
-        const std::int64_t rows = std::min(block, n.seq - i0),
-                           cols = block_keys(mask, i0, rows, keys);
-        T* p = weights.data();
-        T* dp = dweights.data();
-        gemm<T>(exec, default_gemm_backend, false, true, rows, cols, d, scale,
-                qh + i0 * q.seq_stride, q.seq_stride, kh, k.seq_stride, T(0), p, cols);
-        recomputed_weights(p, i0, rows, cols, lse_h, mask);
-        gemm<T>(exec, default_gemm_backend, true, false, cols, d, rows, T(1), p, cols,
-                doh + i0 * dout.seq_stride, dout.seq_stride, T(1), dvh, dv.seq_stride);
-        gemm<T>(exec, default_gemm_backend, false, true, rows, cols, d, T(1),
-                doh + i0 * dout.seq_stride, dout.seq_stride, vh, v.seq_stride, T(0), dp, cols);
-        for (std::int64_t r = 0; r < rows; ++r) {
-          const T delta_i = delta_h[i0 + r];
-          T* dp_row = dp + r * cols;
-          const T* p_row = p + r * cols;
-          lane_map(dp_row, cols, [&](std::int64_t j) { return p_row[j] * (dp_row[j] - delta_i); });
+  for_each_head_pair(
+      exec, n, keys, [&](const execution<host>& one, std::int64_t first, std::int64_t last) {
+        std::vector<T> weights(scratch), dweights(scratch);
+        for (std::int64_t pair = first; pair < last; ++pair) {
+          const std::int64_t b = pair / n.heads, column = (pair % n.heads) * d;
+          const T* qh = q.at(b, 0) + column;
+          const T* kh = k.at(b, 0) + column;
+          const T* vh = v.at(b, 0) + column;
+          const T* doh = dout.at(b, 0) + column;
+          T* dqh = dq.at(b, 0) + column;
+          T* dkh = dk.at(b, 0) + column;
+          T* dvh = dv.at(b, 0) + column;
+          const T* lse_h = lse + pair * n.seq;
+          const T* delta_h = delta + pair * n.seq;
+          for (std::int64_t i0 = 0; i0 < n.seq; i0 += block) {
+            const std::int64_t rows = std::min(block, n.seq - i0),
+                               cols = block_keys(mask, i0, rows, keys);
+            T* p = weights.data();
+            T* dp = dweights.data();
+            gemm<T>(one, default_gemm_backend, false, true, rows, cols, d, scale,
+                    qh + i0 * q.seq_stride, q.seq_stride, kh, k.seq_stride, T(0), p, cols);
+            one.run_rows<T>([&] { recomputed_weights(p, i0, rows, cols, lse_h, mask); });
+            gemm<T>(one, default_gemm_backend, true, false, cols, d, rows, T(1), p, cols,
+                    doh + i0 * dout.seq_stride, dout.seq_stride, T(1), dvh, dv.seq_stride);
+            gemm<T>(one, default_gemm_backend, false, true, rows, cols, d, T(1),
+                    doh + i0 * dout.seq_stride, dout.seq_stride, vh, v.seq_stride, T(0), dp, cols);
+            one.run_rows<T>([&] {
+              for (std::int64_t r = 0; r < rows; ++r) {
+                const T delta_i = delta_h[i0 + r];
+                T* dp_row = dp + r * cols;
+                const T* p_row = p + r * cols;
+                lane_map(dp_row, cols,
+                         [&](std::int64_t j) { return p_row[j] * (dp_row[j] - delta_i); });
+              }
+            });
+            gemm<T>(one, default_gemm_backend, false, false, rows, d, cols, scale, dp, cols, kh,
+                    k.seq_stride, T(1), dqh + i0 * dq.seq_stride, dq.seq_stride);
+            gemm<T>(one, default_gemm_backend, true, false, cols, d, rows, scale, dp, cols,
+                    qh + i0 * q.seq_stride, q.seq_stride, T(1), dkh, dk.seq_stride);
+          }
         }
-        gemm<T>(exec, default_gemm_backend, false, false, rows, d, cols, scale, dp, cols, kh,
-                k.seq_stride, T(1), dqh + i0 * dq.seq_stride, dq.seq_stride);
-        gemm<T>(exec, default_gemm_backend, true, false, cols, d, rows, scale, dp, cols,
-                qh + i0 * q.seq_stride, q.seq_stride, T(1), dkh, dk.seq_stride);
-      }
-    }
+      });
 }
 
 // The whole causal backward through products: delta, then one block holding every key.

@@ -36,8 +36,7 @@ void cross_entropy_log_sum_exp(const T* logits, Acc* lse, std::int64_t rows, std
   std::vector<Acc> e(static_cast<std::size_t>(vocab));  // one row's exp(x - max)
   for (std::int64_t r = 0; r < rows; ++r) {
     const T* row = logits + r * vocab;
-    Acc peak = -std::numeric_limits<Acc>::infinity();
-    for (std::int64_t j = 0; j < vocab; ++j) peak = std::max(peak, widen(row[j]));
+    const Acc peak = lane_max<Acc>(vocab, [&](std::int64_t j) { return widen(row[j]); });
     Acc* shifted = e.data();
     lane_map(shifted, vocab, [&](std::int64_t j) { return widen(row[j]) - peak; });
     exponentials(shifted, shifted, vocab);
@@ -97,9 +96,7 @@ void cross_entropy_shard_max(const T* logits, Acc* row_max, std::int64_t rows, s
                              std::int64_t valid) {
   for (std::int64_t r = 0; r < rows; ++r) {
     const T* row = logits + r * columns;
-    Acc peak = -std::numeric_limits<Acc>::infinity();
-    for (std::int64_t j = 0; j < valid; ++j) peak = std::max(peak, widen(row[j]));
-    row_max[r] = peak;
+    row_max[r] = lane_max<Acc>(valid, [&](std::int64_t j) { return widen(row[j]); });
   }
 }
 

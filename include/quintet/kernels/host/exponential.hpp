@@ -3,9 +3,11 @@
 // x = k ln2 + r (Cody-Waite, |r| <= ln2/2), a degree-7 polynomial for e^r (relative error below
 // 1.1e-7) and 2^k built in two exponent fields (so results go down to 0 through the subnormals,
 // within one subnormal step). Clamping and the polynomial run as separate fixed-length loops over
-// blocks of 16, which g++ -O2 vectorises (2.4x glibc's expf at SSE2 width); one loop holding both
-// is not vectorised. NaN propagates; +inf becomes e^88.7. For double: std::exp.
+// blocks of 16, which g++ vectorises (QUINTET_LANE_LOOP) (2.4x glibc's expf at SSE2 width); one
+// loop holding both is not vectorised. NaN propagates; +inf becomes e^88.7. For double: std::exp.
 #pragma once
+
+#include <quintet/kernels/host/lanes.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -51,8 +53,11 @@ void exponentials(const T* in, T* out, std::int64_t n) {
     std::int64_t j = 0;
     for (; j + lanes <= n; j += lanes) {
       float block[lanes];
+      QUINTET_LANE_LOOP
       for (int lane = 0; lane < lanes; ++lane) block[lane] = clamp_exponent(in[j + lane]);
+      QUINTET_LANE_LOOP
       for (int lane = 0; lane < lanes; ++lane) block[lane] = exp_in_range(block[lane]);
+      QUINTET_LANE_LOOP
       for (int lane = 0; lane < lanes; ++lane) out[j + lane] = block[lane];
     }
     for (; j < n; ++j) out[j] = exp_in_range(clamp_exponent(in[j]));

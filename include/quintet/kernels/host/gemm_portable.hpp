@@ -1,49 +1,19 @@
 // A cache-blocked matrix product in portable C++, with the loop structure of BLIS: a panel of B
 // and a block of A are packed so that the innermost kernel streams both contiguously, and an
 // MR x NR tile of C is accumulated in registers by loops of fixed length that g++ vectorises.
-// On x86-64 the same source is also compiled for AVX2 and AVX-512 and chosen at run time.
+// On x86-64 the same source is also compiled for AVX2 and AVX-512 (with FMA) and chosen at run
+// time (kernels/host/isa.hpp).
 #pragma once
+
+#include <quintet/kernels/host/isa.hpp>
 
 #include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <new>
-
-#if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__) && !defined(__CUDACC__)
-#define QUINTET_GEMM_MULTIVERSION 1
-#else
-#define QUINTET_GEMM_MULTIVERSION 0
-#endif
+#include <type_traits>
 
 namespace quintet::kernels::host_impl {
-
-// Which instruction set the packed kernel is compiled for; `baseline` is what the compiler
-// targets by default (SSE2 on x86-64), the others are chosen at run time when the CPU has them.
-enum class gemm_isa { baseline, avx2, avx512 };
-
-inline bool gemm_isa_supported(gemm_isa isa) {
-#if QUINTET_GEMM_MULTIVERSION
-  switch (isa) {
-    case gemm_isa::baseline:
-      return true;
-    case gemm_isa::avx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    case gemm_isa::avx512:
-      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-             __builtin_cpu_supports("fma");
-  }
-  return false;
-#else
-  return isa == gemm_isa::baseline;
-#endif
-}
-
-inline gemm_isa best_gemm_isa() {
-  static const gemm_isa best = gemm_isa_supported(gemm_isa::avx512) ? gemm_isa::avx512
-                               : gemm_isa_supported(gemm_isa::avx2) ? gemm_isa::avx2
-                                                                    : gemm_isa::baseline;
-  return best;
-}
 
 // Register tile MR x NR and cache blocks. MR = 6 rows; NR is one AVX-512 register of T for the
 // AVX-512 variant (6 accumulator registers) and half that for AVX2 and the baseline (6 AVX2 or 12
@@ -101,9 +71,23 @@ void pack_b(const T* b, std::int64_t ldb, bool transposed, std::int64_t row0, st
   }
 }
 
+// acc + a b: one fused multiply-add where the target has them (Fused, the AVX variants: quintet
+// compiles with -ffp-contract=off, so a * b + c is never fused implicitly), else a product and a
+// sum (the baseline, where std::fma would be a call into the C library).
+template <bool Fused, class T>
+[[gnu::always_inline]] inline T multiply_add(T a, T b, T acc) {
+  if constexpr (!Fused) {
+    return acc + a * b;
+  } else if constexpr (std::is_same_v<T, float>) {
+    return __builtin_fmaf(a, b, acc);
+  } else {
+    return __builtin_fma(a, b, acc);
+  }
+}
+
 // C tile (rows x cols, rows <= MR, cols <= NR) = alpha * Ap Bp + beta * C over `depth` packed
 // steps. beta == 0 never reads C, so C may hold garbage (or NaN) beforehand, as BLAS allows.
-template <class T, int NR>
+template <class T, int NR, bool Fused>
 [[gnu::always_inline]] inline void micro_tile(std::int64_t depth, const T* __restrict ap,
                                               const T* __restrict bp, T* c, std::int64_t ldc,
                                               int rows, int cols, T alpha, T beta) {
@@ -119,12 +103,12 @@ template <class T, int NR>
             a5 = a_step[5];
     for (int j = 0; j < nr; ++j) {
       const T bj = b_step[j];
-      c0[j] += a0 * bj;
-      c1[j] += a1 * bj;
-      c2[j] += a2 * bj;
-      c3[j] += a3 * bj;
-      c4[j] += a4 * bj;
-      c5[j] += a5 * bj;
+      c0[j] = multiply_add<Fused>(a0, bj, c0[j]);
+      c1[j] = multiply_add<Fused>(a1, bj, c1[j]);
+      c2[j] = multiply_add<Fused>(a2, bj, c2[j]);
+      c3[j] = multiply_add<Fused>(a3, bj, c3[j]);
+      c4[j] = multiply_add<Fused>(a4, bj, c4[j]);
+      c5[j] = multiply_add<Fused>(a5, bj, c5[j]);
     }
   }
   T* const acc[mr] = {c0, c1, c2, c3, c4, c5};
@@ -138,7 +122,7 @@ template <class T, int NR>
   }
 }
 
-template <class T, int NR>
+template <class T, int NR, bool Fused>
 [[gnu::always_inline]] inline void macro_kernel(std::int64_t rows, std::int64_t cols,
                                                 std::int64_t depth, const T* a_packed,
                                                 const T* b_packed, T* c, std::int64_t ldc, T alpha,
@@ -150,7 +134,8 @@ template <class T, int NR>
     for (std::int64_t i = 0; i < rows; i += mr) {
       const int live_rows = static_cast<int>(std::min<std::int64_t>(mr, rows - i));
       const T* ap = a_packed + (i / mr) * mr * depth;
-      micro_tile<T, NR>(depth, ap, bp, c + i * ldc + j, ldc, live_rows, live_cols, alpha, beta);
+      micro_tile<T, NR, Fused>(depth, ap, bp, c + i * ldc + j, ldc, live_rows, live_cols, alpha,
+                               beta);
     }
   }
 }
@@ -159,23 +144,23 @@ template <class T, int NR>
 void macro_kernel_baseline(std::int64_t rows, std::int64_t cols, std::int64_t depth,
                            const T* a_packed, const T* b_packed, T* c, std::int64_t ldc, T alpha,
                            T beta) {
-  macro_kernel<T, NR>(rows, cols, depth, a_packed, b_packed, c, ldc, alpha, beta);
+  macro_kernel<T, NR, false>(rows, cols, depth, a_packed, b_packed, c, ldc, alpha, beta);
 }
 
-#if QUINTET_GEMM_MULTIVERSION
+#if QUINTET_HOST_MULTIVERSION
 template <class T, int NR>
 [[gnu::target("avx2,fma")]] void macro_kernel_avx2(std::int64_t rows, std::int64_t cols,
                                                    std::int64_t depth, const T* a_packed,
                                                    const T* b_packed, T* c, std::int64_t ldc,
                                                    T alpha, T beta) {
-  macro_kernel<T, NR>(rows, cols, depth, a_packed, b_packed, c, ldc, alpha, beta);
+  macro_kernel<T, NR, true>(rows, cols, depth, a_packed, b_packed, c, ldc, alpha, beta);
 }
 
 template <class T, int NR>
 [[gnu::target("avx512f,avx512vl,fma")]] void macro_kernel_avx512(
     std::int64_t rows, std::int64_t cols, std::int64_t depth, const T* a_packed, const T* b_packed,
     T* c, std::int64_t ldc, T alpha, T beta) {
-  macro_kernel<T, NR>(rows, cols, depth, a_packed, b_packed, c, ldc, alpha, beta);
+  macro_kernel<T, NR, true>(rows, cols, depth, a_packed, b_packed, c, ldc, alpha, beta);
 }
 #endif
 
@@ -230,7 +215,7 @@ template <class T>
 void gemm_portable(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n,
                    std::int64_t k, T alpha, const T* a, std::int64_t lda, const T* b,
                    std::int64_t ldb, T beta, T* c, std::int64_t ldc,
-                   gemm_isa isa = best_gemm_isa()) {
+                   host_isa isa = default_host_isa()) {
   using blocking = gemm_blocking<T>;
   if (m == 0 || n == 0) return;
   if (k == 0 || alpha == T(0)) {
@@ -241,14 +226,14 @@ void gemm_portable(bool transpose_a, bool transpose_b, std::int64_t m, std::int6
   }
   constexpr int narrow = blocking::nr_narrow;
   switch (isa) {
-#if QUINTET_GEMM_MULTIVERSION
-    case gemm_isa::avx512: {
+#if QUINTET_HOST_MULTIVERSION
+    case host_isa::avx512: {
       constexpr int wide = blocking::nr_wide;
       gemm_blocked<T, wide>(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
                             &macro_kernel_avx512<T, wide>);
       return;
     }
-    case gemm_isa::avx2:
+    case host_isa::avx2:
       gemm_blocked<T, narrow>(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c,
                               ldc, &macro_kernel_avx2<T, narrow>);
       return;

@@ -26,6 +26,7 @@ void adamw_update(T* param, const T* grad, Acc* m, Acc* v, std::int64_t count,
                   const adamw_constants<Acc>& k) {
   const auto update = [&](std::int64_t first, int lanes) {
     Acc m_next[sum_lanes], v_next[sum_lanes], root[sum_lanes] = {};
+    QUINTET_LANE_LOOP
     for (int j = 0; j < lanes; ++j) {
       const Acc g = k.grad_scale * widen(grad[first + j]);
       m_next[j] = k.beta1 * m[first + j] + (Acc(1) - k.beta1) * g;
@@ -34,12 +35,14 @@ void adamw_update(T* param, const T* grad, Acc* m, Acc* v, std::int64_t count,
     }
     lane_sqrt(root);
     T p_next[sum_lanes];
+    QUINTET_LANE_LOOP
     for (int j = 0; j < lanes; ++j) {
       const Acc m_hat = m_next[j] / k.bias_correction1;
       const Acc p = widen(param[first + j]);
       // Decoupled weight decay (Loshchilov & Hutter): the decay acts on p, not through the moments.
       p_next[j] = narrow<T>(p - k.lr * (m_hat / (root[j] + k.eps) + k.weight_decay * p));
     }
+    QUINTET_LANE_LOOP
     for (int j = 0; j < lanes; ++j) {
       m[first + j] = m_next[j];
       v[first + j] = v_next[j];

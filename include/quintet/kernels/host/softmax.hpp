@@ -22,8 +22,7 @@ void softmax_forward(const T* x, T* y, std::int64_t rows, std::int64_t n) {
   for (std::int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * n;
     T* yr = y + r * n;
-    acc peak = -std::numeric_limits<acc>::infinity();
-    for (std::int64_t j = 0; j < n; ++j) peak = std::max(peak, widen(xr[j]));
+    const acc peak = lane_max<acc>(n, [&](std::int64_t j) { return widen(xr[j]); });
     acc* shifted = e.data();
     lane_map(shifted, n, [&](std::int64_t j) { return widen(xr[j]) - peak; });
     exponentials(shifted, shifted, n);
