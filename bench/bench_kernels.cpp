@@ -2,6 +2,8 @@
 //   matmul      quintet's host matmul (CBLAS path) vs cblas_sgemm called directly, same threads
 //               and operands: GFLOP/s of both and their ratio; the portable blocked kernel vs
 //               single-threaded OpenBLAS: GFLOP/s and its fraction.
+//   the products of the GPT-2 124M step at 256 tokens vs the 1024^3 product that prices the
+//               step's bound (bench_train_step): each shape's rate as a fraction of the probe's.
 //   layer norm, softmax   GB/s (bytes read + written) vs memcpy of the same array; the layer norm
 //               backward's two passes (input, then weight) vs the fused backward.
 //   attention   forward + backward through block products vs the row-at-a-time loops (the
@@ -31,6 +33,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <stdexcept>
 #include <string>
 
@@ -157,6 +160,58 @@ void portable_arguments(benchmark::internal::Benchmark* b) {
   for (const std::int64_t n : {256, 512, 1024, 2048}) b->Args({n, n, n, 0});
   b->Args({2048, 3072, 768, 1});
   b->Unit(benchmark::kMillisecond)->UseManualTime();
+}
+
+// Arguments: which product of the GPT-2 124M step at issue 16's batch (4 x 64 = 256 tokens;
+// d 768, 4d 3072, vocab 50257; see step_products below), on every core, vs the 1024^3 product
+// bench_train_step's bound is priced at, timed in the same loop: the rate of each shape as a
+// fraction of that bound's rate.
+struct step_product {
+  const char* name;
+  std::int64_t m, n, k;
+  bool transpose_a, transpose_b;
+  float beta;
+};
+constexpr step_product step_products[] = {
+    // A linear layer y = x W^T: forward, dx = dy W, dW += dy^T x (beta 1: the gradient
+    // accumulates).
+    {"qkv_forward", 256, 2304, 768, false, true, 0},
+    {"qkv_dx", 256, 768, 2304, false, false, 0},
+    {"qkv_dw", 2304, 768, 256, true, false, 1},
+    {"attention_proj_forward", 256, 768, 768, false, true, 0},
+    {"attention_proj_dx", 256, 768, 768, false, false, 0},
+    {"attention_proj_dw", 768, 768, 256, true, false, 1},
+    {"fc_forward", 256, 3072, 768, false, true, 0},
+    {"fc_dx", 256, 768, 3072, false, false, 0},
+    {"fc_dw", 3072, 768, 256, true, false, 1},
+    {"fc_proj_forward", 256, 768, 3072, false, true, 0},
+    {"fc_proj_dx", 256, 3072, 768, false, false, 0},
+    {"fc_proj_dw", 768, 3072, 256, true, false, 1},
+    {"head_forward", 256, 50257, 768, false, true, 0},
+    {"head_dx", 256, 768, 50257, false, false, 0},
+    {"head_dw", 50257, 768, 256, true, false, 1},
+};
+
+void gpt2_124m_products(benchmark::State& state) {
+  const step_product& p = step_products[state.range(0)];
+  state.SetLabel(p.name);
+  const auto exec = execution<host>::all_cores();
+  tensor<float, host> a(p.transpose_a ? shape{p.k, p.m} : shape{p.m, p.k}),
+      b(p.transpose_b ? shape{p.n, p.k} : shape{p.k, p.n}), c(shape{p.m, p.n});
+  quintet::fill_uniform(a, {.seed = 3, .stream = 1}, -1.0, 1.0);
+  quintet::fill_uniform(b, {.seed = 3, .stream = 2}, -1.0, 1.0);
+  quintet::fill(c, 0.0f);
+  auto probe = make_operands(1024, 1024, 1024, false);
+  const k::matmul_options options{
+      .transpose_a = p.transpose_a, .transpose_b = p.transpose_b, .beta = p.beta};
+  double ours = 0, reference = 0;
+  interleaved(
+      state, [&] { k::matmul(exec, a, b, c, options); },
+      [&] { openblas_sgemm(probe, probe.reference.data()); }, ours, reference);
+  const double rate = 2.0 * p.m * p.n * p.k / ours / 1e9;
+  state.counters["GFLOP/s"] = rate;
+  state.counters["probe_GFLOP/s"] = gflop(probe) / reference;
+  state.counters["fraction_of_probe"] = rate / (gflop(probe) / reference);
 }
 
 // Bytes read plus written by a row kernel that moves `arrays` (rows, n) float arrays, against
@@ -397,6 +452,11 @@ BENCHMARK(softmax_forward)->Apply(row_arguments);
 BENCHMARK(attention)
     ->Args({8, 128, 4, 32})
     ->Args({4, 512, 8, 64})
+    ->Unit(benchmark::kMillisecond)
+    ->UseManualTime();
+
+BENCHMARK(gpt2_124m_products)
+    ->DenseRange(0, static_cast<int>(std::size(step_products)) - 1)
     ->Unit(benchmark::kMillisecond)
     ->UseManualTime();
 

@@ -47,6 +47,7 @@ inline constexpr std::string_view host_isa_name(host_isa isa) {
 // avx512 for the Skylake-X subset (F, VL, BW, DQ): what the matrix-product variants use.
 inline bool host_isa_supported(host_isa isa) {
 #if QUINTET_HOST_MULTIVERSION
+  __builtin_cpu_init();  // idempotent; needed where this runs before the library's constructors
   switch (isa) {
     case host_isa::baseline:
       return true;
