@@ -75,7 +75,8 @@ double largest_idle_share(const pipe::simulation& measured) {
   double most = 0;
   for (const auto& rank : measured.timeline) {
     double busy = 0;
-    for (const pipe::timed_action& t : rank) busy += t.end - t.start;
+    for (const pipe::timed_action& t : rank)
+      if (pipe::is_compute(t.what.kind)) busy += t.end - t.start;
     most = std::max(most, 1.0 - busy / measured.makespan);
   }
   return most;
@@ -84,7 +85,10 @@ double largest_idle_share(const pipe::simulation& measured) {
 void pipeline_step(benchmark::State& state, const std::string& schedule) {
   quintet::train::training_options options{
       .steps = 1 << 30, .batch = 16, .seq = 64, .micro_batches = 8, .warmup_steps = 0};
-  options.pipeline = {.schedule = schedule, .virtual_stages = 2, .layers = {}};
+  options.pipeline = {.schedule = schedule,
+                      .virtual_stages = 2,
+                      .layers = {},
+                      .partition = quintet::train::layer_partition::even};
   std::vector<pipe::simulation> measured;
   std::optional<pipe::schedule> ran;  // the schedule the ranks ran
   quintet::thread_world{2}.run([&](quintet::thread_comm& world) {
@@ -107,12 +111,10 @@ void pipeline_step(benchmark::State& state, const std::string& schedule) {
   });
   double measured_ms = 0, simulated_ms = 0, bubble_measured = 0, bubble_simulated = 0;
   for (const pipe::simulation& step : measured) {
-    // Every compute action of the schedule was timed, on the rank that runs it.
+    // Every action of the schedule was timed, on the rank that runs it.
     for (int r = 0; r < ran->ranks(); ++r) {
-      std::size_t computes = 0;
-      for (const pipe::action& a : ran->on(r)) computes += pipe::is_transfer(a.kind) ? 0 : 1;
-      if (step.timeline[static_cast<std::size_t>(r)].size() != computes)
-        throw std::runtime_error("bench_pipeline_runtime: a compute action was not timed");
+      if (step.timeline[static_cast<std::size_t>(r)].size() != ran->on(r).size())
+        throw std::runtime_error("bench_pipeline_runtime: an action was not timed");
     }
     const pipe::simulation predicted = pipe::simulate(*ran, measured_costs(step, ran->stages()));
     measured_ms += step.makespan;

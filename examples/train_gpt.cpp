@@ -366,11 +366,14 @@ int train(const Source& source, const Source* held_out, program_options options)
   options.model.max_seq = options.training.seq;
   options.training.zero_stage = options.zero;  // dp<zero<runtime_stage>> takes it at run time
   if (options.pp > 1) {
-    options.training.pipeline = {.schedule = options.schedule,
-                                 .virtual_stages = options.virtual_stages,
-                                 .layers = options.pp_layers.empty()
-                                               ? std::vector<int>{}
-                                               : quintet::nn::parse_layers(options.pp_layers)};
+    const bool named = options.pp_layers == "even" || options.pp_layers == "balanced";
+    options.training.pipeline = {
+        .schedule = options.schedule,
+        .virtual_stages = options.virtual_stages,
+        .layers = options.pp_layers.empty() || named ? std::vector<int>{}
+                                                     : quintet::nn::parse_layers(options.pp_layers),
+        .partition = options.pp_layers == "even" ? quintet::train::layer_partition::even
+                                                 : quintet::train::layer_partition::balanced};
   }
   check_parallel_options(options);
   if (options.device == "cuda") return train_on_device(source, held_out, options);
@@ -484,8 +487,9 @@ int main(int argc, char** argv) {
                  "stages (chunks) per rank of --schedule interleaved")
       ->capture_default_str();
   app.add_option("--pp-layers", options.pp_layers,
-                 "layers per (virtual) stage with --pp, in stage order, e.g. 3,3,2 (default: "
-                 "balanced, the extra layers first)");
+                 "layers per (virtual) stage with --pp, in stage order, e.g. 3,3,2; or even (the "
+                 "extra layers first), or balanced (default: by each piece's FLOPs, the head's "
+                 "included, then by the activations each stage holds under the schedule)");
   app.add_option("--sp-style", options.sp_style,
                  "how the sequence is split: none, megatron (over the tp group; --sp 1), ulysses "
                  "(all-to-all over heads) or ring (ring attention, zig-zag)")

@@ -56,8 +56,8 @@ struct program_options {
   int ep = 1;                     // expert-parallel degree (subdivides dp)
   std::string schedule = "1f1b";  // the pipeline schedule (the catalog's names)
   int virtual_stages = 2;         // chunks per rank of --schedule interleaved
-  std::string pp_layers;          // layers per (virtual) stage, "3,3,2"; empty: balanced
-  std::string trace_path;         // --pp: the last step's measured timeline (Perfetto JSON)
+  std::string pp_layers;   // "3,3,2" (layers per virtual stage), even, balanced; empty: balanced
+  std::string trace_path;  // --pp: the last step's measured timeline (Perfetto JSON)
   std::string sp_style = "none";  // none, megatron (on the tp group), ulysses, ring
   std::string dtype = "f32";      // f32, or bf16: mixed precision with fp32 master weights
   std::string device = "host";    // host, or cuda: the serial model on the first GPU
@@ -182,7 +182,10 @@ void write_report(const std::string& path, const program_options& options,
       .member("ep", options.ep)
       .member("schedule", options.pp > 1 ? options.schedule : "none")
       .member("virtual_stages", options.virtual_stages)
-      .member("pp_layers", options.pp > 1 ? quintet::nn::to_string(t.pipeline.layers) : "")
+      .member("pp_layers", options.pp <= 1              ? ""
+                           : !t.pipeline.layers.empty() ? quintet::nn::to_string(t.pipeline.layers)
+                           : options.pp_layers.empty()  ? "balanced"
+                                                        : options.pp_layers)
       .end_object();
   json.key("training")
       .begin_object()

@@ -80,7 +80,7 @@ struct rank_result {
   std::vector<std::int64_t> counts;
   gradients grads;  // of the parameters this rank holds
   quintet::parallel::pipeline::run_stats stats;
-  quintet::parallel::pipeline::simulation measured;  // every rank's timed compute actions
+  quintet::parallel::pipeline::simulation measured;  // every rank's timed actions, transfers
 };
 
 template <class T>

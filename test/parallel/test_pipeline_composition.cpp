@@ -78,7 +78,10 @@ train::training_options composed_training(const std::string& schedule) {
   train::training_options options = training;
   options.batch = 8;
   options.micro_batches = 4;
-  options.pipeline = {.schedule = schedule, .virtual_stages = 2, .layers = {}};
+  options.pipeline = {.schedule = schedule,
+                      .virtual_stages = 2,
+                      .layers = {},
+                      .partition = train::layer_partition::even};
   return options;
 }
 

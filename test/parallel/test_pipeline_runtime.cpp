@@ -139,7 +139,7 @@ TEST_CASE("every schedule gives the serial GPT's losses and gradients, in double
   }
 }
 
-TEST_CASE("the measured timeline has every rank's compute actions, in causal order",
+TEST_CASE("the measured timeline has every rank's actions and transfers, in causal order",
           "[pipeline][trace]") {
   for (const std::string name : {"1f1b", "zb-v", "interleaved"}) {
     INFO(name);
@@ -150,16 +150,36 @@ TEST_CASE("the measured timeline has every rank's compute actions, in causal ord
       REQUIRE(measured.timeline.size() == 2);
       double latest_end = 0;
       for (int r = 0; r < 2; ++r) {
-        std::size_t computes = 0;
-        for (const auto& a : s.on(r)) computes += pl::is_compute(a.kind) ? 1 : 0;
         const auto& timeline = measured.timeline[static_cast<std::size_t>(r)];
-        REQUIRE(timeline.size() == computes);
-        // A rank runs its list in order: each action starts after the one before it ended.
+        REQUIRE(timeline.size() == s.on(r).size());
+        // A rank runs its list in order: each compute starts after the one before it ended; a
+        // transfer is posted after the compute before it and ends after its post.
+        const pl::timed_action* previous = nullptr;
         for (std::size_t i = 0; i < timeline.size(); ++i) {
+          CHECK(timeline[i].what == s.on(r)[i]);
           CHECK(timeline[i].end >= timeline[i].start);
-          if (i > 0) CHECK(timeline[i].start >= timeline[i - 1].end);
-          latest_end = std::max(latest_end, timeline[i].end);
+          if (previous != nullptr) CHECK(timeline[i].start >= previous->end);
+          if (pl::is_compute(timeline[i].what.kind)) {
+            previous = &timeline[i];
+            latest_end = std::max(latest_end, timeline[i].end);
+          }
         }
+      }
+      // Every receive joined to its send: a transfer per SEND, from the send's post to the
+      // receiver seeing it (not before the post, up to the clock skew), with the boundary's bytes.
+      std::size_t sent = 0;
+      for (int r = 0; r < 2; ++r)
+        for (const auto& a : s.on(r)) sent += pl::is_send(a.kind) ? 1 : 0;
+      REQUIRE(measured.transfers.size() == sent);
+      for (const auto& t : measured.transfers) {
+        const pl::action& received =
+            measured
+                .timeline[static_cast<std::size_t>(t.to_rank)][static_cast<std::size_t>(t.to_index)]
+                .what;
+        CHECK(received.kind == pl::counterpart(t.kind));
+        CHECK(received.micro_batch == t.micro_batch);
+        CHECK(t.end >= t.begin - 20.0);  // ms: the ranks' clock skew, as below
+        CHECK(t.bytes > 0);
       }
       CHECK(measured.makespan == latest_end);
       CHECK(measured.makespan > 0);
@@ -178,6 +198,7 @@ TEST_CASE("the measured timeline has every rank's compute actions, in causal ord
       // Drawn like the simulator's timelines.
       const std::string trace = pl::chrome_trace(s, measured);
       CHECK(trace.find("\"F mb0 s0\"") != std::string::npos);
+      CHECK(trace.find("\"cat\":\"transfer\"") != std::string::npos);
     }
   }
 }
@@ -246,12 +267,12 @@ TEST_CASE("uneven layer partitions run with the same parity", "[parity][pipeline
 }
 
 TEST_CASE("a layer partition covers the layers with no empty stage", "[pipeline][partition]") {
-  using quintet::nn::balanced_layers;
-  CHECK(balanced_layers(8, 3) == std::vector<int>{3, 3, 2});
-  CHECK(balanced_layers(8, 8) == std::vector<int>(8, 1));
-  CHECK(balanced_layers(7, 2) == std::vector<int>{4, 3});
+  using quintet::nn::even_layers;
+  CHECK(even_layers(8, 3) == std::vector<int>{3, 3, 2});
+  CHECK(even_layers(8, 8) == std::vector<int>(8, 1));
+  CHECK(even_layers(7, 2) == std::vector<int>{4, 3});
   REQUIRE_THROWS_WITH(
-      balanced_layers(3, 4),
+      even_layers(3, 4),
       Catch::Contains("gpt partition: 3 layers cannot fill 4 stages (each stage needs at least one "
                       "layer)"));
   CHECK(quintet::nn::parse_layers("3,3,2") == std::vector<int>{3, 3, 2});

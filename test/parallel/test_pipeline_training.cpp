@@ -1,7 +1,8 @@
 // Pipeline parallelism in the trainer, proven by parity with the serial GPT: every built-in
-// schedule at pp in {2, 4} with m in {p, 2p} (and m = 3 at p = 2), K = 5 AdamW steps of
-// train::trainer under plan<pp<named_schedule>> (the schedule named at run time) and under typed
-// styles (pp<one_f_one_b>, pp<interleaved<2>>, pp<zb_v>), every step's loss and every parameter a
+// schedule at pp in {2, 4} with m in {p, 2p} (and m = 3 at p = 2, 5 at p = 4, 5 for dualpipe-v at
+// p = 2), K = 5 AdamW steps of train::trainer under plan<pp<named_schedule>> (the schedule named
+// at run time) and under typed styles (pp<one_f_one_b>, pp<interleaved<2>>, pp<zb_v>), with even
+// partitions, given ones and the balanced one, every step's loss and every parameter a
 // rank holds compared with the serial run (the tensor-parallel tolerances: only the order of the
 // tied table's two gradient parts and of the norm's sums changes). Degree 1 is the serial model
 // bit for bit; dp<zero<0>> x pp trains with the same parity; evaluation runs through the stages;
@@ -11,6 +12,8 @@
 #include "gpt_parity.hpp"
 
 #include <quintet/comm/thread_comm.hpp>
+#include <quintet/nn/gpt_costs.hpp>
+#include <quintet/nn/gpt_partition.hpp>
 #include <quintet/parallel/data/zero.hpp>
 #include <quintet/parallel/pipeline/catalog.hpp>
 #include <quintet/parallel/pipeline/pipeline_schedule.hpp>
@@ -42,8 +45,10 @@ train::training_options pipeline_training(int m, const std::string& schedule = {
   train::training_options options = training;
   options.batch = 8;
   options.micro_batches = m;
-  options.pipeline = {
-      .schedule = schedule, .virtual_stages = virtual_stages, .layers = std::move(layers)};
+  options.pipeline = {.schedule = schedule,
+                      .virtual_stages = virtual_stages,
+                      .layers = std::move(layers),
+                      .partition = train::layer_partition::even};
   return options;
 }
 
@@ -102,6 +107,21 @@ TEST_CASE("m not a multiple of p, and uneven partitions, train with the same par
       require_pipeline_parity<named_plan>(options, {.pp = 2}, !v_shaped(name));
     }
   }
+  SECTION("every schedule that takes it, m = 5 over p = 4, a batch of 10") {
+    for (const auto& info : pipe::builtin_schedules) {
+      const std::string name(info.name);
+      if (!pipe::accepts(info, {.ranks = 4, .micro_batches = 5})) continue;
+      INFO("schedule " << name << ", pp = 4, m = 5");
+      auto options = pipeline_training(5, name);
+      options.batch = 10;
+      require_pipeline_parity<named_plan>(options, {.pp = 4}, !v_shaped(name));
+    }
+  }
+  SECTION("dualpipe-v, m = 5 over p = 2, a batch of 10") {
+    auto options = pipeline_training(5, "dualpipe-v");
+    options.batch = 10;
+    require_pipeline_parity<named_plan>(options, {.pp = 2}, false);
+  }
   SECTION("1f1b over p = 4: 1,3,2,2") {
     require_pipeline_parity<named_plan>(pipeline_training(4, "1f1b", {1, 3, 2, 2}), {.pp = 4},
                                         true);
@@ -114,6 +134,34 @@ TEST_CASE("m not a multiple of p, and uneven partitions, train with the same par
     require_pipeline_parity<named_plan>(pipeline_training(4, "interleaved", {}, 4), {.pp = 2},
                                         true);
   }
+}
+
+TEST_CASE("the balanced partition is the trainer's when asked, with the same parity",
+          "[parity][pipeline]") {
+  // zb-v at p = 2: stages 0 and 3 on rank 0 (the embedding, the head), 1 and 2 on rank 1; with
+  // the head this small every even split has the same pace, and the contexts each stage holds
+  // (4, 3, 2, 1 micro-batches) decide: 1,1,3,3, not 2,2,2,2.
+  auto options = pipeline_training(4, "zb-v");
+  options.pipeline.partition = train::layer_partition::balanced;
+  require_pipeline_parity<named_plan>(options, {.pp = 2}, false);
+  const pipe::schedule s = pipe::generate("zb-v", {.ranks = 2, .micro_batches = 4});
+  quintet::nn::partition_goal goal;
+  goal.held = pipe::peak_contexts_by_stage(s);
+  goal.stage_to_rank = s.stage_to_rank;
+  const std::vector<int> expected = quintet::nn::balanced_layers(
+      quintet::nn::gpt_piece_costs<float>(pipeline_model, options.batch / 4, options.seq), 4, goal);
+  CHECK(expected == std::vector<int>{1, 1, 3, 3});
+  const quintet::execution<host> exec(1);
+  std::vector<std::vector<int>> chosen(2);
+  quintet::thread_world{2}.run([&](quintet::thread_comm& comm) {
+    quintet::device_mesh<quintet::thread_comm> mesh(comm, {.pp = 2});
+    train::trainer<float, quintet::markov_source, named_plan,
+                   quintet::device_mesh<quintet::thread_comm>>
+        run(source, pipeline_model, options, exec, &mesh);
+    chosen[static_cast<std::size_t>(comm.rank())] = run.pipeline().layers();
+  });
+  CHECK(chosen[0] == expected);
+  CHECK(chosen[1] == expected);
 }
 
 TEST_CASE("BPipe trains with contexts moving to the partner ranks (p = 8): the same parity",

@@ -36,7 +36,10 @@ const quintet::nn::gpt_config four_layers{
 train::training_options pipelined(const std::string& schedule, std::int64_t micro_batches) {
   auto options = quintet::test::bf16_parity_training();
   options.micro_batches = micro_batches;
-  options.pipeline = {.schedule = schedule, .virtual_stages = 2, .layers = {}};
+  options.pipeline = {.schedule = schedule,
+                      .virtual_stages = 2,
+                      .layers = {},
+                      .partition = train::layer_partition::even};
   return options;
 }
 

@@ -64,7 +64,7 @@ class gpt_pipeline {
   // them, and to size receive buffers): it must give the same views each time, alive for the step.
   using data_source = std::function<micro_batch(int)>;
 
-  // `layers`: layers per virtual stage of `s`, in stage order; empty: balanced_layers. Refused, at
+  // `layers`: layers per virtual stage of `s`, in stage order; empty: even_layers. Refused, at
   // construction and on every rank alike: a partition that does not cover the model's layers,
   // leaves a stage empty or has another number of stages than the schedule; a schedule that does
   // not verify. `mesh`: the rank's mesh under a plan (its pp group is `pp`), null for serial-plan
@@ -231,7 +231,7 @@ class gpt_pipeline {
   static std::vector<int> checked_layers(const nn::gpt_config& config,
                                          const parallel::pipeline::schedule& s,
                                          std::vector<int> layers) {
-    if (layers.empty()) return nn::balanced_layers(config.layers, s.stages());
+    if (layers.empty()) return nn::even_layers(config.layers, s.stages());
     QUINTET_CHECK(static_cast<int>(layers.size()) == s.stages(),
                   "gpt pipeline: the partition {} has {} stages, schedule '{}' has {} (virtual) "
                   "stages",

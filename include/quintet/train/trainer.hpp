@@ -67,6 +67,7 @@
 #include <quintet/mesh/device_mesh.hpp>
 #include <quintet/nn/context.hpp>
 #include <quintet/nn/gpt.hpp>
+#include <quintet/nn/gpt_partition.hpp>
 #include <quintet/nn/parameter.hpp>
 #include <quintet/optim/adamw.hpp>
 #include <quintet/optim/gradient_norm.hpp>
@@ -97,13 +98,18 @@
 
 namespace quintet::train {
 
+// How the layers are cut into stages when no partition is given (nn/gpt_partition.hpp): even
+// counts, or balanced by the pieces' costs and what each stage holds in flight under the schedule.
+enum class layer_partition : std::uint8_t { even, balanced };
+
 // How a plan with pp<...> cuts and schedules the model.
 struct pipeline_options {
   // pp<named_schedule>: the catalog's name (gpipe, 1f1b, interleaved, zb-h1, zb-h2, zb-v,
   // dualpipe-v, bpipe); must stay empty for a style that is its schedule (pp<zb_v>).
   std::string schedule;
   int virtual_stages = 2;   // chunks per rank of a named interleaved schedule
-  std::vector<int> layers;  // layers per virtual stage, in stage order; empty: balanced
+  std::vector<int> layers;  // layers per virtual stage, in stage order; empty: by `partition`
+  layer_partition partition = layer_partition::even;
 };
 
 struct training_options {
@@ -316,7 +322,7 @@ class trainer {
     model_slot(nn::parameter_registry<T, Device>& registry, const execution<Device>& exec,
                const nn::gpt_config& config, const training_options& options, M* mesh)
         : pipeline(registry, exec, config, make_schedule(options, mesh->pp().size()), mesh->pp(),
-                   options.pipeline.layers, mesh) {}
+                   layers_of(options, config, *mesh), mesh) {}
     const nn::gpt_config& config() const { return pipeline.config(); }
     std::vector<stage_type*> stages() {
       std::vector<stage_type*> out;
@@ -807,6 +813,23 @@ class trainer {
                     parallel::style_name<style>(), options.pipeline.schedule);
       return style::generate(shape);
     }
+  }
+
+  // The partition of the model's layers over the schedule's stages: the one given, or by
+  // options.pipeline.partition (balanced: priced for one micro-batch of this rank's rows).
+  template <class M>
+  static std::vector<int> layers_of(const training_options& options, const nn::gpt_config& config,
+                                    M& mesh) {
+    const pipeline_options& pipeline = options.pipeline;
+    if (!pipeline.layers.empty() || pipeline.partition == layer_partition::even)
+      return pipeline.layers;  // gpt_pipeline checks them, or spreads them evenly
+    const parallel::pipeline::schedule s = make_schedule(options, mesh.pp().size());
+    const std::int64_t rows =
+        std::max<std::int64_t>(1, options.batch / options.micro_batches / mesh.dp().size());
+    nn::partition_goal goal;
+    goal.held = parallel::pipeline::peak_contexts_by_stage(s);
+    goal.stage_to_rank = s.stage_to_rank;
+    return nn::balanced_layers(nn::gpt_piece_costs<T>(config, rows, options.seq), s.stages(), goal);
   }
 
   // evaluate() under pp: each micro-batch's forward down the stages; the loss from the last

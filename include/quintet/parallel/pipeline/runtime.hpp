@@ -25,10 +25,11 @@
 //   RETURN  the partner sends the buffer back
 //   RELOAD  the owner receives it into a buffer its manifest sizes; the backward that needs the
 //           context waits for it and unpacks
-// Each run starts with a pp barrier and times every compute action (run_stats: starts, ends),
-// from the moment its received inputs are here (a wait for a peer is idle time, not its cost);
-// measured_timeline() gathers every rank's times into the simulator's format, so chrome_trace
-// draws the measured step as it draws the predicted one.
+// Each run starts with a pp barrier and times every action (run_stats: starts, ends): a compute
+// from the moment its received inputs are here (a wait for a peer is idle time, not its cost), a
+// transfer from its post to its exchange seen complete; measured_timeline() gathers every rank's
+// times into the simulator's format, sends joined to their receives, so chrome_trace draws the
+// measured step as it draws the predicted one.
 #pragma once
 
 #include <quintet/comm/all_reduce_from_host.hpp>
@@ -56,6 +57,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -78,9 +80,12 @@ struct run_stats {
   std::size_t peak_context_bytes = 0;  // most bytes those contexts held at once
   int batches_posted = 0;              // exchange_async calls (consecutive transfers share one)
   int contexts_moved = 0;              // contexts this rank sent away (EVICT, RETURN)
-  // When each compute action of the rank's list started and ended, in seconds since the run
-  // began (index: the action's place in the list; transfers stay 0).
-  std::vector<double> starts, ends;
+  // When each action of the rank's list started and ended, in seconds since the run began
+  // (index: the action's place in the list): a compute from when its inputs were here to its end;
+  // a transfer from its post to when the rank saw its exchange complete (looked at after every
+  // action, so up to one compute late; the exchange may carry other transfers, e.g. 1F1B's SEND_F
+  // with its RECV_B, and ends with the last of them). bytes: a transfer's payload (0 for computes).
+  std::vector<double> starts, ends, bytes;
 };
 
 template <transferable_stage Stage, communicator Comm>
@@ -146,10 +151,7 @@ class runtime {
     // Every rank starts its clock at the same moment (as near as a barrier makes it), so the
     // measured timelines of different ranks line up.
     pp_->barrier();
-    const auto began = std::chrono::steady_clock::now();
-    const auto since = [&] {
-      return std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
-    };
+    began_ = std::chrono::steady_clock::now();
     const int last = schedule_.stages() - 1;
     const bool scores = local_[static_cast<std::size_t>(last)] >= 0;
     std::vector<std::optional<output_type>> results(scores ? static_cast<std::size_t>(micro_batches)
@@ -162,6 +164,7 @@ class runtime {
     const std::vector<action>& list = schedule_.on(pp_->rank());
     stats_.starts.assign(list.size(), 0.0);
     stats_.ends.assign(list.size(), 0.0);
+    stats_.bytes.assign(list.size(), 0.0);
 
     std::size_t i = 0;
     while (i < list.size()) {
@@ -206,33 +209,70 @@ class runtime {
   // What the last run measured.
   const run_stats& stats() const { return stats_; }
 
-  // The last run's compute actions on every rank with their measured start and end, in
-  // milliseconds, as a simulation's timeline (chrome_trace draws it as it draws a prediction;
-  // no transfers). Collective over the pp ranks: every rank gets every rank's times.
+  // The last run's actions on every rank with their measured start and end (run_stats), in
+  // milliseconds, as a simulation: the timeline, and each send joined to its receive in
+  // `transfers` (from the send's post to the receiver seeing it complete), so chrome_trace draws
+  // it as it draws a prediction. The makespan is the last compute's end. Collective over the pp
+  // ranks: every rank gets every rank's times.
   simulation measured_timeline() const {
     const int ranks = schedule_.ranks();
     std::vector<std::size_t> first(static_cast<std::size_t>(ranks) + 1, 0);
     for (int r = 0; r < ranks; ++r)
       first[static_cast<std::size_t>(r) + 1] =
           first[static_cast<std::size_t>(r)] + schedule_.on(r).size();
-    // Each rank's (start, end) pairs in its slot of one buffer; summed over pp, every slot full.
-    quintet::tensor<double, host> times(shape{static_cast<std::int64_t>(2 * first.back())});
+    // Each rank's (start, end, bytes) in its slot of one buffer; summed over pp, every slot full.
+    quintet::tensor<double, host> times(shape{static_cast<std::int64_t>(3 * first.back())});
     fill(times, 0.0);
     const std::size_t mine = first[static_cast<std::size_t>(pp_->rank())];
     for (std::size_t i = 0; i < stats_.starts.size(); ++i) {
-      times(static_cast<std::int64_t>(2 * (mine + i))) = 1e3 * stats_.starts[i];
-      times(static_cast<std::int64_t>(2 * (mine + i) + 1)) = 1e3 * stats_.ends[i];
+      const auto at = static_cast<std::int64_t>(3 * (mine + i));
+      times(at) = 1e3 * stats_.starts[i];
+      times(at + 1) = 1e3 * stats_.ends[i];
+      times(at + 2) = stats_.bytes[i];
     }
     all_reduce_from_host(*pp_, times, reduce_op::sum);
     simulation out;
     out.timeline.resize(static_cast<std::size_t>(ranks));
+    // A send and its receive name the same data: (sender, receiver, the sender's stage, the
+    // micro-batch, the send's kind) -> the send's place.
+    std::map<std::tuple<int, int, int, int, action_kind>, int> sends;
     for (int r = 0; r < ranks; ++r) {
       const auto& list = schedule_.on(r);
       for (std::size_t i = 0; i < list.size(); ++i) {
-        if (is_transfer(list[i].kind)) continue;
-        const auto at = static_cast<std::int64_t>(2 * (first[static_cast<std::size_t>(r)] + i));
-        out.timeline[static_cast<std::size_t>(r)].push_back({list[i], times(at), times(at + 1)});
-        out.makespan = std::max(out.makespan, times(at + 1));
+        const auto at = static_cast<std::int64_t>(3 * (first[static_cast<std::size_t>(r)] + i));
+        const action& a = list[i];
+        out.timeline[static_cast<std::size_t>(r)].push_back({a, times(at), times(at + 1)});
+        if (is_compute(a.kind)) out.makespan = std::max(out.makespan, times(at + 1));
+        if (is_send(a.kind))
+          sends[{r, peer_of(a), a.stage, a.micro_batch, a.kind}] = static_cast<int>(i);
+      }
+    }
+    for (int r = 0; r < ranks; ++r) {
+      const auto& list = schedule_.on(r);
+      for (std::size_t i = 0; i < list.size(); ++i) {
+        const action& a = list[i];
+        if (!is_recv(a.kind)) continue;
+        const int sender_stage = a.kind == action_kind::recv_forward    ? a.stage - 1
+                                 : a.kind == action_kind::recv_backward ? a.stage + 1
+                                                                        : a.stage;
+        const int from = peer_of(a);
+        const auto found = sends.find({from, r, sender_stage, a.micro_batch, counterpart(a.kind)});
+        if (found == sends.end()) continue;
+        const timed_action& sent =
+            out.timeline[static_cast<std::size_t>(from)][static_cast<std::size_t>(found->second)];
+        const timed_action& received = out.timeline[static_cast<std::size_t>(r)][i];
+        out.transfers.push_back(
+            {.kind = counterpart(a.kind),
+             .stage = sender_stage,
+             .micro_batch = a.micro_batch,
+             .from_rank = from,
+             .from_index = found->second,
+             .to_rank = r,
+             .to_index = static_cast<int>(i),
+             .begin = sent.start,
+             .end = received.end,
+             .bytes = times(
+                 static_cast<std::int64_t>(3 * (first[static_cast<std::size_t>(r)] + i)) + 2)});
       }
     }
     return out;
@@ -261,6 +301,7 @@ class runtime {
   struct batch {
     // Declared first: destroyed after the request has completed.
     std::vector<wire_type> sent;
+    std::vector<std::size_t> actions;  // the list's transfers it carries (their end is its end)
     std::deque<quintet::tensor<nn::packed_word, device_type>> sent_words;
     comm_request request;
     bool done = false;
@@ -297,10 +338,14 @@ class runtime {
       const action& a = list[i];
       batch& b = batches.back();
       const std::size_t id = batches.size() - 1;
+      stats_.starts[i] = since();
       if (is_context_transfer(a.kind)) {
         move_context(a, i, slots, accepted, batches, ops, flush);
+        batches.back().actions.push_back(i);
+        stats_.bytes[i] = static_cast<double>(ops.back().buffer.bytes());
         continue;
       }
+      b.actions.push_back(i);
       slot& here = slots[{a.stage, a.micro_batch}];
       switch (a.kind) {
         case action_kind::send_forward:
@@ -328,6 +373,7 @@ class runtime {
           ops.push_back(p2p_op::recv(*here.received_gradient, peer_of(a)));
           break;
       }
+      stats_.bytes[i] = static_cast<double>(ops.back().buffer.bytes());
     }
     if (!ops.empty()) {
       batches.back().request = pp_->exchange_async(ops);
@@ -529,16 +575,21 @@ class runtime {
   }
 
   // Waits for a batch (and so for every one posted before it) and frees what it sent.
-  static void finish(batch& b) {
+  void finish(batch& b) {
     if (b.done) return;
     b.request.wait();
     b.sent.clear();
     b.sent_words.clear();
     b.done = true;
+    for (const std::size_t i : b.actions) stats_.ends[i] = since();
+  }
+
+  double since() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - began_).count();
   }
 
   // Frees the send buffers of batches already complete, oldest first, without blocking.
-  static void release_finished(std::deque<batch>& batches, std::size_t& oldest_open) {
+  void release_finished(std::deque<batch>& batches, std::size_t& oldest_open) {
     for (; oldest_open < batches.size(); ++oldest_open) {
       batch& b = batches[oldest_open];
       if (b.done) continue;
@@ -553,6 +604,7 @@ class runtime {
   std::vector<int> held_;   // global stages on this rank, increasing
   std::vector<int> local_;  // (stages) global stage -> index into stages_, -1 if elsewhere
   run_stats stats_;
+  std::chrono::steady_clock::time_point began_;  // of the last run, after its barrier
 };
 
 }  // namespace quintet::parallel::pipeline

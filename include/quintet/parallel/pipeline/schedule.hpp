@@ -111,6 +111,28 @@ inline schedule compute_only(const schedule& s) {
   return out;
 }
 
+// The most contexts of each virtual stage its rank holds at once, in stage order: a forward (or a
+// pair's forward half) takes one, the micro-batch's whole backward (B, or a pair's backward half)
+// or its weight pass (W) gives it back. What a stage's activation memory is, in micro-batches, for
+// a partitioner to weigh (nn::partition_goal); BPipe's evictions are not subtracted (an upper
+// bound there).
+inline std::vector<int> peak_contexts_by_stage(const schedule& s) {
+  std::vector<int> held(static_cast<std::size_t>(s.stages()), 0), peak = held;
+  for (const auto& list : s.actions) {
+    for (const action& a : list) {
+      for (const action& h : halves(a)) {
+        const auto stage = static_cast<std::size_t>(h.stage);
+        if (h.kind == action_kind::forward) {
+          peak[stage] = std::max(peak[stage], ++held[stage]);
+        } else if (h.kind == action_kind::backward || h.kind == action_kind::backward_weight) {
+          --held[stage];
+        }
+      }
+    }
+  }
+  return peak;
+}
+
 // One row per rank, actions separated by commas; transfers included unless `with_transfers` is
 // false. A stage transfer's peer is written only where it differs from the stage map's.
 inline std::string to_csv(const schedule& s, bool with_transfers = true) {
