@@ -106,6 +106,8 @@ struct run_record {
   std::int64_t active_parameters = 0;  // those a token uses (top-k of the experts): 6 N's N
   double seconds = 0.0;
   std::int64_t tokens = 0;
+  // --pp: each pp rank's peak context bytes in the last step (the activations it held at once).
+  std::vector<double> pipeline_peak_context_bytes;
 };
 
 // The loss the summary reports: the mean over the last tenth of the run (at least one step), so
@@ -223,6 +225,11 @@ void write_report(const std::string& path, const program_options& options,
   for (const auto& s : history) json.value(s.loss);
   json.end_array();
   json.member("final_loss", final_loss(history));
+  if (!run.pipeline_peak_context_bytes.empty()) {
+    json.key("pipeline_peak_context_bytes").begin_array();
+    for (const double bytes : run.pipeline_peak_context_bytes) json.value(bytes);
+    json.end_array();
+  }
   if (m.experts > 0) {
     // Per step: the expert load over every MoE block and rank (tokens kept per expert, summed over
     // the blocks), its min and max against the balanced load, the dropped fraction of the (token,
@@ -548,16 +555,22 @@ void run_rank(const Source& source, const Source* held_out, const program_option
         "stopped after step {} of {} (--stop-at {}){}\n", last - 1, t.steps, last,
         checkpoints.saving() ? fmt::format("; continue with --resume {}", options.save_dir) : "");
   if constexpr (Plan::template has<quintet::parallel::strategy::pipeline>) {
-    if (!options.trace_path.empty()) {
-      // Collective over pp: every rank's measured times of the last step.
-      auto& runtime = trainer.pipeline().runtime();
-      const auto measured = runtime.measured_timeline();
-      if (printer) {
-        std::ofstream(options.trace_path)
-            << quintet::parallel::pipeline::chrome_trace(runtime.plan(), measured);
-        fmt::print("measured timeline of step {} written to {} (makespan {:.1f} ms)\n",
-                   trainer.next_step() - 1, options.trace_path, measured.makespan);
-      }
+    // Collective over pp: every rank's measured times and peak context bytes of the last step.
+    auto& runtime = trainer.pipeline().runtime();
+    const auto measured = runtime.measured_timeline();
+    run.pipeline_peak_context_bytes = measured.peak_bytes;
+    if (printer) {
+      std::string peaks;
+      for (const double bytes : measured.peak_bytes)
+        peaks += fmt::format("{}{:.1f}", peaks.empty() ? "" : ", ", bytes / 1024.0);
+      fmt::print("pipeline peak context KiB per pp rank (step {}): {}\n", trainer.next_step() - 1,
+                 peaks);
+    }
+    if (printer && !options.trace_path.empty()) {
+      std::ofstream(options.trace_path)
+          << quintet::parallel::pipeline::chrome_trace(runtime.plan(), measured);
+      fmt::print("measured timeline of step {} written to {} (makespan {:.1f} ms)\n",
+                 trainer.next_step() - 1, options.trace_path, measured.makespan);
     }
   }
   // The trained model: a last evaluation and sample (not when stopped, as a preempted job).

@@ -10,6 +10,8 @@
 #include <quintet/tensor/slice.hpp>
 #include <quintet/tensor/tensor.hpp>
 
+#include <bit>
+#include <cstdint>
 #include <cstring>
 
 using quintet::cuda;
@@ -86,6 +88,29 @@ TEST_CASE("fill on cuda writes a strided view and nothing else", "[device]") {
   const auto h = to_host(t);
   for (int i = 0; i < 6; ++i)
     for (int j = 0; j < 10; ++j) REQUIRE(h(i, j) == ((j >= 2 && j < 5) ? 9 : 0));
+}
+
+TEST_CASE("fill on cuda: zero bits by memset, -0.0 and others by a kernel, contiguous or not",
+          "[device]") {
+  tensor<float, cuda> t(shape{6, 10});
+  const auto bits_at = [](const tensor<float, host>& h, int i, int j) {
+    return std::bit_cast<std::uint32_t>(h(i, j));
+  };
+  quintet::fill(t, 1.5f);
+  quintet::fill(quintet::slice(t, 0, 1, 3), 0.0f);   // rows 1 and 2: a contiguous block, memset
+  quintet::fill(quintet::slice(t, 0, 4, 6), -0.0f);  // rows 4 and 5: contiguous, the kernel
+  quintet::fill(quintet::slice(t, 1, 7, 9), 0.0f);   // columns 7 and 8: strided
+  const auto h = to_host(t);
+  for (int i = 0; i < 6; ++i) {
+    for (int j = 0; j < 10; ++j) {
+      INFO("element " << i << ", " << j);
+      const bool zero_row = i == 1 || i == 2, negative_row = i == 4 || i == 5;
+      const std::uint32_t want = (zero_row || (j >= 7 && j < 9)) ? 0x00000000u
+                                 : negative_row                  ? 0x80000000u
+                                                : std::bit_cast<std::uint32_t>(1.5f);
+      REQUIRE(bits_at(h, i, j) == want);
+    }
+  }
 }
 
 TEST_CASE("Philox draws on cuda equal the host's bit for bit", "[device]") {

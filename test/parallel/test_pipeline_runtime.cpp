@@ -183,6 +183,13 @@ TEST_CASE("the measured timeline has every rank's actions and transfers, in caus
       }
       CHECK(measured.makespan == latest_end);
       CHECK(measured.makespan > 0);
+      // Each rank's peak context bytes, gathered: the bytes each rank counted itself.
+      REQUIRE(measured.peak_bytes.size() == 2);
+      for (int r = 0; r < 2; ++r) {
+        const auto counted = ranks[static_cast<std::size_t>(r)].stats.peak_context_bytes;
+        CHECK(counted > 0);
+        CHECK(measured.peak_bytes[static_cast<std::size_t>(r)] == static_cast<double>(counted));
+      }
       // Across ranks: a stage's forward of a micro-batch starts after the previous stage's
       // forward of it ended (its input was sent at that end), up to the skew of the ranks'
       // clocks, which start when each leaves the barrier (allowed: 20 ms, against forwards of

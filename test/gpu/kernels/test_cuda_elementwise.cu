@@ -14,7 +14,9 @@
 #include <quintet/kernels/elementwise.hpp>
 #include <quintet/tensor/region.hpp>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 using device = quintet::cuda;  // not `cuda`: CCCL declares a global namespace of that name
@@ -228,6 +230,94 @@ void check_dropout() {
   }
 }
 
+// A device copy of `h` that starts one element past an allocation's start: a contiguous view no
+// 16-byte access can reach, so the maps take their one-element path. storage[0] is a sentinel a
+// kernel must not touch.
+template <class T>
+struct shifted_device {
+  tensor<T, device> storage;
+  quintet::tensor_view<T, device> view;
+
+  explicit shifted_device(const tensor<T, host>& h)
+      : storage(shape{h.numel() + 1}), view(storage.data() + 1, h.shape()) {
+    tensor<T, host> with_sentinel(shape{h.numel() + 1});
+    with_sentinel.data()[0] = T(7.0f);
+    std::copy(h.data(), h.data() + h.numel(), with_sentinel.data() + 1);
+    quintet::copy(storage, with_sentinel);
+  }
+
+  tensor<T, host> values() const {
+    const auto all = to_host(storage);
+    REQUIRE(same_bits_scalar(all.data()[0], T(7.0f)));  // the sentinel before the view
+    tensor<T, host> h(view.shape());
+    std::copy(all.data() + 1, all.data() + all.numel(), h.data());
+    return h;
+  }
+
+  static bool same_bits_scalar(T a, T b) { return std::memcmp(&a, &b, sizeof(T)) == 0; }
+};
+
+// Every map on operands one element off the 16-byte boundary (so each takes the one-element path,
+// alone or with aligned partners) equals the host's bits, or the aligned device run's for GELU,
+// and writes nothing outside its view; fills of zero bits (a memset) and of -0.0 (the map) too.
+template <class T>
+void check_misaligned_operands() {
+  const execution<host> host_exec;
+  const execution<device> device_exec;
+  std::uint64_t stream = 800;
+  for (const shape& s : element_shapes()) {
+    INFO("shape " << s.to_string());
+    const std::int64_t n = s[s.rank() - 1];
+    auto a = random_host<T>(s, ++stream, -3.0, 3.0), b = random_host<T>(s, ++stream);
+    auto bias = random_host<T>(shape{n}, ++stream);
+    shifted_device<T> a_s(a), out_s(random_host<T>(s, ++stream));
+    auto b_d = to_device(b), a_d = to_device(a), bias_d = to_device(bias);
+    auto gelu_aligned_d = to_device(random_host<T>(s, ++stream));
+
+    auto sum = random_host<T>(s, ++stream);
+    k::add(host_exec, a, b, sum);
+    k::add(device_exec, a_s.view, b_d, out_s.view);
+    device_exec.synchronize();
+    REQUIRE(same_bits(out_s.values(), sum));
+
+    k::gelu_forward(device_exec, a_d, gelu_aligned_d);
+    k::gelu_forward(device_exec, a_s.view, out_s.view);
+    device_exec.synchronize();
+    REQUIRE(same_bits(out_s.values(), to_host(gelu_aligned_d)));
+
+    tensor<T, host> biased(s);
+    quintet::copy(biased, a);
+    k::bias_add(host_exec, biased, bias);
+    shifted_device<T> x_s(a);
+    k::bias_add(device_exec, x_s.view, bias_d);
+    device_exec.synchronize();
+    REQUIRE(same_bits(x_s.values(), biased));
+
+    tensor<T, host> scaled(s);
+    quintet::copy(scaled, a);
+    k::scale(host_exec, scaled, -0.37);
+    k::scale(device_exec, a_s.view, -0.37);
+    device_exec.synchronize();
+    REQUIRE(same_bits(a_s.values(), scaled));
+
+    for (const float value : {0.0f, -0.0f, 2.5f}) {
+      INFO("fill value " << value);
+      auto filled = random_host<T>(s, ++stream);
+      k::fill(host_exec, filled, T(value));
+      k::fill(device_exec, out_s.view, T(value));
+      device_exec.synchronize();
+      REQUIRE(same_bits(out_s.values(), filled));
+    }
+
+    auto into = random_host<double>(s, ++stream);  // no operand is wider than double
+    shifted_device<double> into_s(into);
+    k::accumulate(host_exec, a, into);
+    k::accumulate(device_exec, a_d, into_s.view);
+    device_exec.synchronize();
+    REQUIRE(same_bits(into_s.values(), into));
+  }
+}
+
 }  // namespace
 
 TEST_CASE("cuda bias_add equals the host's bit for bit", "[device]") {
@@ -289,4 +379,11 @@ TEST_CASE("cuda dropout gives the host's mask and values bit for bit, for any re
   check_dropout<float>();
   check_dropout<bf16>();
   check_dropout<double>();
+}
+
+TEST_CASE("cuda elementwise kernels give the same bits on operands off the 16-byte boundary",
+          "[device]") {
+  check_misaligned_operands<float>();
+  check_misaligned_operands<double>();
+  check_misaligned_operands<bf16>();
 }

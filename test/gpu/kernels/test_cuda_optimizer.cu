@@ -142,6 +142,52 @@ void check_sgd(double rtol, double atol, double state_rtol, double state_atol) {
   }
 }
 
+// AdamW and SGD with the parameter one element past its allocation's start (no 16-byte access
+// reaches it, so the update takes its one-element path): the bits of the aligned device run, and
+// the element before the view untouched.
+template <class T>
+void check_updates_off_the_vector_boundary() {
+  using acc = k::accumulator_t<T>;
+  const execution<device> device_exec;
+  const k::adamw_hyperparameters adamw{.lr = 1e-2, .weight_decay = 0.1};
+  const k::sgd_hyperparameters sgd{.lr = 5e-2, .momentum = 0.9, .weight_decay = 1e-2};
+  std::uint64_t stream = 1100;
+  for (const std::int64_t count : {std::int64_t{17}, std::int64_t{4099}}) {
+    INFO("count " << count);
+    const shape s{count};
+    auto param = random_host<T>(s, ++stream), grad = random_host<T>(s, ++stream);
+    auto state = random_host<acc>(s, ++stream, 0.0, 0.01);
+    auto grad_d = to_device(grad);
+    // The parameter twice: aligned, and shifted by one element behind a sentinel.
+    tensor<T, host> shifted_host(shape{count + 1});
+    shifted_host.data()[0] = T(7.0f);
+    std::memcpy(shifted_host.data() + 1, param.data(), static_cast<std::size_t>(count) * sizeof(T));
+    for (const bool use_adamw : {true, false}) {
+      INFO((use_adamw ? "adamw" : "sgd"));
+      auto aligned_d = to_device(param);
+      auto shifted_d = to_device(shifted_host);
+      quintet::tensor_view<T, device> shifted(shifted_d.data() + 1, s);
+      auto m_aligned = to_device(state), v_aligned = to_device(state);
+      auto m_shifted = to_device(state), v_shifted = to_device(state);
+      if (use_adamw) {
+        k::adamw_update(device_exec, aligned_d, grad_d, m_aligned, v_aligned, adamw, 3, 1.0);
+        k::adamw_update(device_exec, shifted, grad_d, m_shifted, v_shifted, adamw, 3, 1.0);
+      } else {
+        k::sgd_update(device_exec, aligned_d, grad_d, m_aligned, sgd, 1.0);
+        k::sgd_update(device_exec, shifted, grad_d, m_shifted, sgd, 1.0);
+      }
+      device_exec.synchronize();
+      const auto back = to_host(shifted_d);
+      REQUIRE(std::memcmp(back.data(), shifted_host.data(), sizeof(T)) == 0);  // the sentinel
+      const auto want = to_host(aligned_d);
+      REQUIRE(std::memcmp(back.data() + 1, want.data(),
+                          static_cast<std::size_t>(count) * sizeof(T)) == 0);
+      REQUIRE(same_bits(to_host(m_shifted), to_host(m_aligned)));
+      REQUIRE(same_bits(to_host(v_shifted), to_host(v_aligned)));
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("cuda squared_norm sums the host's squares in a fixed order", "[device]") {
@@ -166,4 +212,11 @@ TEST_CASE("cuda sgd_update equals the host's over several steps, with and withou
   check_sgd<float>(1e-5, 1e-6, 1e-5, 1e-6);
   check_sgd<double>(1e-12, 1e-14, 1e-12, 1e-14);
   check_sgd<bf16>(8e-3, 1e-2, 1e-5, 1e-6);
+}
+
+TEST_CASE("cuda adamw and sgd give the same bits on a parameter off the 16-byte boundary",
+          "[device]") {
+  check_updates_off_the_vector_boundary<float>();
+  check_updates_off_the_vector_boundary<bf16>();
+  check_updates_off_the_vector_boundary<double>();
 }

@@ -1,10 +1,12 @@
-// The elementwise kernels on cuda tensors: grid-stride loops over the elements with the host's
-// arithmetic element for element, and the bias gradient as column sums over the rows in a fixed
+// The elementwise kernels on cuda tensors: maps over the elements with the host's arithmetic
+// element for element (kernels/cuda/map.cuh: 16-byte accesses where the operands allow), zero
+// fills by cudaMemsetAsync, and the bias gradient as column sums over the rows in a fixed
 // order (kernels/cuda/column_sums.cuh: deterministic, no atomics).
 #pragma once
 
 #include <quintet/kernels/accumulator.hpp>
 #include <quintet/kernels/cuda/column_sums.cuh>
+#include <quintet/kernels/cuda/map.cuh>
 #include <quintet/kernels/cuda_execution.hpp>
 #include <quintet/kernels/elementwise.hpp>
 #include <quintet/kernels/host/elementwise.hpp>
@@ -18,36 +20,25 @@ namespace quintet::kernels {
 
 namespace cuda_impl {
 
-// op(i) for every i < count, each element by one thread of a grid-stride loop (the launch shape of
-// the tensor initialisers: 256 threads, at most 4096 blocks).
-template <class Op>
-__global__ void grid_stride_for_each_kernel(std::int64_t count, Op op) {
+// x (rows, n) += bias (n), `Lanes` consecutive elements of x and of bias per access (n a multiple
+// of Lanes, both aligned). The chunk's column follows the grid stride incrementally (stride mod
+// the row's chunks added, the row's chunks subtracted on wrapping), so the loop needs no 64-bit
+// division per chunk.
+template <int Lanes, class T>
+__global__ void bias_add_kernel(T* x, const T* bias, std::int64_t chunks, std::int64_t row_chunks) {
   const std::int64_t stride = std::int64_t{gridDim.x} * blockDim.x;
-  for (std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < count; i += stride)
-    op(i);
-}
-
-template <class Op>
-void grid_stride_for_each(const execution<cuda>& exec, std::int64_t count, Op op) {
-  if (count == 0) return;
-  const unsigned blocks = quintet::detail::elementwise_blocks(count);
-  constexpr int threads = quintet::detail::elementwise_threads;
-  grid_stride_for_each_kernel<<<blocks, threads, 0, exec.native()>>>(count, op);
-  QUINTET_CUDA_CHECK(cudaGetLastError());
-}
-
-// x (rows, n) += bias (n). The column follows the grid stride incrementally (stride mod n added,
-// n subtracted on wrapping), so the loop needs no 64-bit division per element.
-template <class T>
-__global__ void bias_add_kernel(T* x, const T* bias, std::int64_t count, std::int64_t n) {
-  const std::int64_t stride = std::int64_t{gridDim.x} * blockDim.x;
-  const std::int64_t column_step = stride % n;
-  std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  std::int64_t column = i % n;
-  for (; i < count; i += stride) {
-    x[i] = narrow<T>(widen(x[i]) + widen(bias[column]));
+  const std::int64_t column_step = stride % row_chunks;
+  std::int64_t c = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  std::int64_t column = c % row_chunks;
+  for (; c < chunks; c += stride) {
+    auto values = load_pack<Lanes>(x + c * Lanes);
+    const auto addends = load_pack<Lanes>(bias + column * Lanes);
+#pragma unroll
+    for (int l = 0; l < Lanes; ++l)
+      values.value[l] = narrow<T>(widen(values.value[l]) + widen(addends.value[l]));
+    store_pack<Lanes>(x + c * Lanes, values);
     column += column_step;
-    if (column >= n) column -= n;
+    if (column >= row_chunks) column -= row_chunks;
   }
 }
 
@@ -86,79 +77,63 @@ __device__ inline Acc gelu_exponential(Acc v) {
   }
 }
 
+// y = GELU(x).
 template <class T>
 struct gelu_forward_op {
-  const T* x;
-  T* y;
-  __device__ void operator()(std::int64_t i) const {
+  __device__ T operator()(T x) const {
     using acc = accumulator_t<T>;
-    const acc v = widen(x[i]);
-    y[i] = narrow<T>(v / (acc(1) + gelu_exponential(v)));
+    const acc v = widen(x);
+    return narrow<T>(v / (acc(1) + gelu_exponential(v)));
   }
 };
 
-// The slope s + 2 x s (1 - s) u'(x), u'(x) = sqrt(2/pi) (1 + 3 * 0.044715 x^2), as on the host.
+// dx = dy times the slope s + 2 x s (1 - s) u'(x), u'(x) = sqrt(2/pi) (1 + 3 * 0.044715 x^2), as
+// on the host.
 template <class T>
 struct gelu_backward_op {
-  const T* x;
-  const T* dy;
-  T* dx;
-  __device__ void operator()(std::int64_t i) const {
+  __device__ T operator()(T x, T dy) const {
     using acc = accumulator_t<T>;
     using k = host_impl::gelu_constants<acc>;
-    const acc v = widen(x[i]);
+    const acc v = widen(x);
     const acc s = acc(1) / (acc(1) + gelu_exponential(v));
     const acc du = k::sqrt_2_over_pi * (acc(1) + acc(3) * k::cubic * v * v);
-    dx[i] = narrow<T>(widen(dy[i]) * (s + acc(2) * v * s * (acc(1) - s) * du));
+    return narrow<T>(widen(dy) * (s + acc(2) * v * s * (acc(1) - s) * du));
   }
 };
 
 template <class T>
 struct add_op {
-  const T* a;
-  const T* b;
-  T* out;
-  __device__ void operator()(std::int64_t i) const {
-    out[i] = narrow<T>(widen(a[i]) + widen(b[i]));
-  }
+  __device__ T operator()(T a, T b) const { return narrow<T>(widen(a) + widen(b)); }
 };
 
 template <class T>
 struct scale_op {
-  T* x;
   accumulator_t<T> alpha;
-  __device__ void operator()(std::int64_t i) const { x[i] = narrow<T>(widen(x[i]) * alpha); }
+  __device__ T operator()(T x) const { return narrow<T>(widen(x) * alpha); }
 };
 
 template <class T>
 struct fill_op {
-  T* x;
   T value;
-  __device__ void operator()(std::int64_t i) const { x[i] = value; }
+  __device__ T operator()() const { return value; }
 };
 
 // host_impl::convert: exact when widening; to bf16 or half through float (a double rounds to float
 // first, then to 16 bits, as on the host).
 template <class From, class To>
 struct convert_op {
-  const From* in;
-  To* out;
-  __device__ void operator()(std::int64_t i) const {
+  __device__ To operator()(From in) const {
     if constexpr (std::is_same_v<To, float> || std::is_same_v<To, double>)
-      out[i] = static_cast<To>(widen(in[i]));
+      return static_cast<To>(widen(in));
     else
-      out[i] = To(static_cast<float>(widen(in[i])));
+      return To(static_cast<float>(widen(in)));
   }
 };
 
 // host_impl::accumulate: the addend widened exactly, the sum rounded once in the sum's type.
 template <class From, class To>
 struct accumulate_op {
-  const From* from;
-  To* into;
-  __device__ void operator()(std::int64_t i) const {
-    into[i] = into[i] + static_cast<To>(widen(from[i]));
-  }
+  __device__ To operator()(To into, From from) const { return into + static_cast<To>(widen(from)); }
 };
 
 }  // namespace cuda_impl
@@ -170,10 +145,12 @@ struct elementwise_engine<cuda> {
                        std::int64_t n) {
     const std::int64_t count = rows * n;
     if (count == 0) return;
-    const unsigned blocks = quintet::detail::elementwise_blocks(count);
-    constexpr int threads = quintet::detail::elementwise_threads;
-    cuda_impl::bias_add_kernel<<<blocks, threads, 0, exec.native()>>>(x, bias, count, n);
-    QUINTET_CUDA_CHECK(cudaGetLastError());
+    constexpr int lanes = cuda_impl::vector_lanes<T>;
+    if (n % lanes == 0 && cuda_impl::chunk_aligned(x, lanes, sizeof(T)) &&
+        cuda_impl::chunk_aligned(bias, lanes, sizeof(T)))
+      launch_bias_add<lanes>(exec, x, bias, count / lanes, n / lanes);
+    else
+      launch_bias_add<1>(exec, x, bias, count, n);
   }
 
   template <class T>
@@ -186,39 +163,59 @@ struct elementwise_engine<cuda> {
 
   template <class T>
   static void gelu_forward(const execution<cuda>& exec, const T* x, T* y, std::int64_t count) {
-    cuda_impl::grid_stride_for_each(exec, count, cuda_impl::gelu_forward_op<T>{x, y});
+    cuda_impl::map(exec, count, cuda_impl::gelu_forward_op<T>{}, y, x);
   }
 
   template <class T>
   static void gelu_backward(const execution<cuda>& exec, const T* x, const T* dy, T* dx,
                             std::int64_t count) {
-    cuda_impl::grid_stride_for_each(exec, count, cuda_impl::gelu_backward_op<T>{x, dy, dx});
+    cuda_impl::map(exec, count, cuda_impl::gelu_backward_op<T>{}, dx, x, dy);
   }
 
   template <class T>
   static void add(const execution<cuda>& exec, const T* a, const T* b, T* out, std::int64_t count) {
-    cuda_impl::grid_stride_for_each(exec, count, cuda_impl::add_op<T>{a, b, out});
+    cuda_impl::map(exec, count, cuda_impl::add_op<T>{}, out, a, b);
   }
 
   template <class T>
   static void scale(const execution<cuda>& exec, T* x, accumulator_t<T> alpha, std::int64_t count) {
-    cuda_impl::grid_stride_for_each(exec, count, cuda_impl::scale_op<T>{x, alpha});
+    cuda_impl::map(exec, count, cuda_impl::scale_op<T>{alpha}, x, static_cast<const T*>(x));
   }
 
+  // Zero bits (not -0.0) by cudaMemsetAsync, which runs at the copy engine's rate; other values by
+  // the map.
   template <class T>
   static void fill(const execution<cuda>& exec, T* x, T value, std::int64_t count) {
-    cuda_impl::grid_stride_for_each(exec, count, cuda_impl::fill_op<T>{x, value});
+    if (count == 0) return;
+    if (quintet::detail::all_bits_zero(value)) {
+      QUINTET_CUDA_CHECK(
+          cudaMemsetAsync(x, 0, static_cast<std::size_t>(count) * sizeof(T), exec.native()));
+      return;
+    }
+    cuda_impl::map(exec, count, cuda_impl::fill_op<T>{value}, x);
   }
 
   template <class From, class To>
   static void convert(const execution<cuda>& exec, const From* in, To* out, std::int64_t count) {
-    cuda_impl::grid_stride_for_each(exec, count, cuda_impl::convert_op<From, To>{in, out});
+    cuda_impl::map(exec, count, cuda_impl::convert_op<From, To>{}, out, in);
   }
 
   template <class From, class To>
   static void accumulate(const execution<cuda>& exec, const From* from, To* into,
                          std::int64_t count) {
-    cuda_impl::grid_stride_for_each(exec, count, cuda_impl::accumulate_op<From, To>{from, into});
+    cuda_impl::map(exec, count, cuda_impl::accumulate_op<From, To>{}, into,
+                   static_cast<const To*>(into), from);
+  }
+
+ private:
+  template <int Lanes, class T>
+  static void launch_bias_add(const execution<cuda>& exec, T* x, const T* bias, std::int64_t chunks,
+                              std::int64_t row_chunks) {
+    const unsigned blocks = quintet::detail::elementwise_blocks(chunks);
+    constexpr int threads = quintet::detail::elementwise_threads;
+    cuda_impl::bias_add_kernel<Lanes>
+        <<<blocks, threads, 0, exec.native()>>>(x, bias, chunks, row_chunks);
+    QUINTET_CUDA_CHECK(cudaGetLastError());
   }
 };
 

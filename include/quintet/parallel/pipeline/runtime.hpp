@@ -212,16 +212,18 @@ class runtime {
   // The last run's actions on every rank with their measured start and end (run_stats), in
   // milliseconds, as a simulation: the timeline, and each send joined to its receive in
   // `transfers` (from the send's post to the receiver seeing it complete), so chrome_trace draws
-  // it as it draws a prediction. The makespan is the last compute's end. Collective over the pp
-  // ranks: every rank gets every rank's times.
+  // it as it draws a prediction. The makespan is the last compute's end; peak_bytes, each rank's
+  // peak context bytes. Collective over the pp ranks: every rank gets every rank's times.
   simulation measured_timeline() const {
     const int ranks = schedule_.ranks();
     std::vector<std::size_t> first(static_cast<std::size_t>(ranks) + 1, 0);
     for (int r = 0; r < ranks; ++r)
       first[static_cast<std::size_t>(r) + 1] =
           first[static_cast<std::size_t>(r)] + schedule_.on(r).size();
-    // Each rank's (start, end, bytes) in its slot of one buffer; summed over pp, every slot full.
-    quintet::tensor<double, host> times(shape{static_cast<std::int64_t>(3 * first.back())});
+    // Each rank's (start, end, bytes) in its slot of one buffer, then each rank's peak context
+    // bytes; summed over pp, every slot full.
+    const auto peaks_at = static_cast<std::int64_t>(3 * first.back());
+    quintet::tensor<double, host> times(shape{peaks_at + ranks});
     fill(times, 0.0);
     const std::size_t mine = first[static_cast<std::size_t>(pp_->rank())];
     for (std::size_t i = 0; i < stats_.starts.size(); ++i) {
@@ -230,9 +232,11 @@ class runtime {
       times(at + 1) = 1e3 * stats_.ends[i];
       times(at + 2) = stats_.bytes[i];
     }
+    times(peaks_at + pp_->rank()) = static_cast<double>(stats_.peak_context_bytes);
     all_reduce_from_host(*pp_, times, reduce_op::sum);
     simulation out;
     out.timeline.resize(static_cast<std::size_t>(ranks));
+    for (int r = 0; r < ranks; ++r) out.peak_bytes.push_back(times(peaks_at + r));
     // A send and its receive name the same data: (sender, receiver, the sender's stage, the
     // micro-batch, the send's kind) -> the send's place.
     std::map<std::tuple<int, int, int, int, action_kind>, int> sends;

@@ -1,9 +1,12 @@
-// Launch shapes for the elementwise tensor kernels: a grid-stride loop over the elements.
+// Launch shapes for the elementwise tensor kernels (a grid-stride loop over the elements), and
+// when a fill can be a memset.
 #pragma once
 
 #include <quintet/tensor/cuda_memory.hpp>
 
 #include <algorithm>
+#include <array>
+#include <bit>
 #include <cstdint>
 
 namespace quintet::detail {
@@ -43,6 +46,13 @@ strided_layout strided_layout_of(const View& v) {
     layout.stride[d] = v.strides()[d];
   }
   return layout;
+}
+
+// True when every byte of `value` is zero (+0.0, not -0.0): a fill cudaMemsetAsync can do.
+template <class T>
+bool all_bits_zero(const T& value) {
+  const auto bytes = std::bit_cast<std::array<unsigned char, sizeof(T)>>(value);
+  return std::all_of(bytes.begin(), bytes.end(), [](unsigned char b) { return b == 0; });
 }
 
 }  // namespace quintet::detail
