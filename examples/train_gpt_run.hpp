@@ -558,8 +558,8 @@ void run_rank(const Source& source, const Source* held_out, const program_option
     // Collective over pp: every rank's measured times and peak context bytes of the last step.
     auto& runtime = trainer.pipeline().runtime();
     const auto measured = runtime.measured_timeline();
-    run.pipeline_peak_context_bytes = measured.peak_bytes;
-    if (printer) {
+    if (!run.history.empty()) run.pipeline_peak_context_bytes = measured.peak_bytes;
+    if (printer && !run.history.empty()) {
       std::string peaks;
       for (const double bytes : measured.peak_bytes)
         peaks += fmt::format("{}{:.1f}", peaks.empty() ? "" : ", ", bytes / 1024.0);

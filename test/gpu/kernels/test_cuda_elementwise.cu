@@ -33,11 +33,21 @@ using namespace quintet::gpu_test;
 namespace {
 
 // Size 1, odd sizes, rows longer than a 256-thread block, many short rows, and 1031 x 1025
-// (1,056,775 elements): more than the 4096 x 256 threads of one grid-stride pass.
+// (1,056,775 elements): more than the 4096 x 256 threads of one grid-stride pass where a kernel
+// goes element by element (bias add over rows of 1025, which no 16-byte chunk fits).
 const std::vector<shape>& element_shapes() {
   static const std::vector<shape> shapes = {shape{1},         shape{17},      shape{3, 17},
                                             shape{2, 5, 33},  shape{7, 1000}, shape{1000, 3},
                                             shape{1031, 1025}};
+  return shapes;
+}
+
+// Shapes whose 16-byte chunks outnumber one grid-stride pass (4096 x 256 threads): 2064 x 4096
+// is 1,056,768 chunks of 8 bf16 (and 4x as many elements), so the aligned paths, bias add's column
+// stepping among them, wrap around the grid too.
+std::vector<shape> element_shapes_and_multi_pass() {
+  std::vector<shape> shapes = element_shapes();
+  shapes.push_back(shape{2064, 4096});
   return shapes;
 }
 
@@ -47,7 +57,7 @@ void check_bias_add() {
   const execution<host> host_exec;
   const execution<device> device_exec;
   std::uint64_t stream = 100;
-  for (const shape& s : element_shapes()) {
+  for (const shape& s : element_shapes_and_multi_pass()) {
     const std::int64_t n = s[s.rank() - 1];
     auto x = random_host<T>(s, ++stream), bias = random_host<T>(shape{n}, ++stream);
     auto x_d = to_device(x), bias_d = to_device(bias);
@@ -116,7 +126,7 @@ void check_add_scale_fill() {
   const execution<host> host_exec;
   const execution<device> device_exec;
   std::uint64_t stream = 400;
-  for (const shape& s : element_shapes()) {
+  for (const shape& s : element_shapes_and_multi_pass()) {
     auto a = random_host<T>(s, ++stream), b = random_host<T>(s, ++stream);
     auto out = random_host<T>(s, ++stream), filled = random_host<T>(s, ++stream);
     auto a_d = to_device(a), b_d = to_device(b), out_d = to_device(out);

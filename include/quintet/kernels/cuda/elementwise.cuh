@@ -182,8 +182,7 @@ struct elementwise_engine<cuda> {
     cuda_impl::map(exec, count, cuda_impl::scale_op<T>{alpha}, x, static_cast<const T*>(x));
   }
 
-  // Zero bits (not -0.0) by cudaMemsetAsync, which runs at the copy engine's rate; other values by
-  // the map.
+  // Zero bits (not -0.0) by one cudaMemsetAsync; other values by the map.
   template <class T>
   static void fill(const execution<cuda>& exec, T* x, T value, std::int64_t count) {
     if (count == 0) return;

@@ -23,7 +23,9 @@ struct lane_pack {
 
 // The unsigned word a pack of `Bytes` moves in one access: 16 bytes as uint4 (LDG.128), and so on.
 template <std::size_t Bytes>
-struct access_word;
+struct access_word {
+  static_assert(Bytes == 0, "a lane pack moves 1, 2, 4, 8 or 16 bytes in one access");
+};
 template <>
 struct access_word<16> {
   using type = uint4;
@@ -48,6 +50,7 @@ struct access_word<1> {
 template <int Lanes, class T>
 __device__ inline lane_pack<T, Lanes> load_pack(const T* first) {
   using word = typename access_word<sizeof(T) * Lanes>::type;
+  static_assert(sizeof(lane_pack<T, Lanes>) == sizeof(word), "a lane pack is one access word");
   const word bits = *reinterpret_cast<const word*>(first);
   lane_pack<T, Lanes> pack;
   std::memcpy(&pack, &bits, sizeof bits);
@@ -57,6 +60,7 @@ __device__ inline lane_pack<T, Lanes> load_pack(const T* first) {
 template <int Lanes, class T>
 __device__ inline void store_pack(T* first, const lane_pack<T, Lanes>& pack) {
   using word = typename access_word<sizeof(T) * Lanes>::type;
+  static_assert(sizeof(lane_pack<T, Lanes>) == sizeof(word), "a lane pack is one access word");
   word bits;
   std::memcpy(&bits, &pack, sizeof bits);
   *reinterpret_cast<word*>(first) = bits;

@@ -100,7 +100,7 @@ struct sgd_op {
     using namespace unfused;
     auto p = load_pack<Lanes>(param + first);
     const auto grads = load_pack<Lanes>(grad + first);
-    lane_pack<Acc, Lanes> momentum;
+    lane_pack<Acc, Lanes> momentum{};
     if (buffer != nullptr) momentum = load_pack<Lanes>(buffer + first);
 #pragma unroll
     for (int l = 0; l < Lanes; ++l) {

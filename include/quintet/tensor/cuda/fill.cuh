@@ -1,4 +1,4 @@
-// fill on cuda tensors: a contiguous view of zero bits by cudaMemsetAsync (the copy engine's rate;
+// fill on cuda tensors: a contiguous view of zero bits by cudaMemsetAsync (one driver call;
 // zeroing gradients and accumulators is most fills), any other contiguous fill by a flat
 // grid-stride loop, and a strided view by a loop that maps each linear index to its offset.
 #pragma once
