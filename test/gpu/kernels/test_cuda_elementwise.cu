@@ -43,7 +43,7 @@ const std::vector<shape>& element_shapes() {
 }
 
 // Shapes whose 16-byte chunks outnumber one grid-stride pass (4096 x 256 threads): 2064 x 4096
-// is 1,056,768 chunks of 8 bf16 (and 4x as many elements), so the aligned paths, bias add's column
+// is 1,056,768 chunks of 8 bf16 (2,113,536 of 4 floats), so the aligned paths, bias add's column
 // stepping among them, wrap around the grid too.
 std::vector<shape> element_shapes_and_multi_pass() {
   std::vector<shape> shapes = element_shapes();
