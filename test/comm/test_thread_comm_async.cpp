@@ -138,6 +138,33 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("thread_comm: an async send is delivered while an earlier async receive still waits",
+          "[comm][thread][async]") {
+  // Rank 0 posts a receive of what rank 1 sends only after it has rank 0's message, then that
+  // message: the send must not wait behind the receive (it would until the timeout if the
+  // progress thread ran the two exchanges one after the other). The ordering rule still holds:
+  // waiting the send completes the receive first.
+  REQUIRE_NOTHROW(thread_world{.size = 2, .timeout = 5s}.run([](thread_comm& comm) {
+    tensor<float, host> message(shape{3}), reply(shape{3});
+    if (comm.rank() == 0) {
+      for (std::int64_t i = 0; i < 3; ++i) message.data()[i] = 1.5f + static_cast<float>(i);
+      const p2p_op receive = p2p_op::recv(reply, 1, 7);
+      comm_request replied = comm.exchange_async(std::span<const p2p_op>(&receive, 1));
+      const p2p_op send = p2p_op::send(message, 1, 3);
+      comm_request sent = comm.exchange_async(std::span<const p2p_op>(&send, 1));
+      sent.wait();
+      if (!replied.ready()) throw std::runtime_error("waiting the send left the receive pending");
+      for (std::int64_t i = 0; i < 3; ++i) {
+        test::expect_value(reply.data()[i], 2 * (1.5f + static_cast<float>(i)), 0.0, "reply", i);
+      }
+    } else {
+      comm.recv(message, 0, 3);
+      for (std::int64_t i = 0; i < 3; ++i) reply.data()[i] = 2 * message.data()[i];
+      comm.send(reply, 0, 7);
+    }
+  }));
+}
+
 TEST_CASE("thread_comm: ranks that disagree get comm_error from wait()",
           "[comm][thread][async][mismatch]") {
   const int n = 3;

@@ -1,7 +1,8 @@
 // thread_comm: N ranks as threads of one process, launched by thread_world{n}.run(fn). Collectives
 // read and write peers' buffers directly through shared memory; a waiting rank polls briefly, then
 // yields its core, then sleeps.
-// Blocking calls run on the caller's thread, asynchronous ones on the communicator's own thread.
+// Blocking calls run on the caller's thread, asynchronous ones on the communicator's own thread
+// (but an asynchronous exchange posts its sends at once, on the caller's).
 #pragma once
 
 #include <quintet/comm/comm_error.hpp>
@@ -21,6 +22,7 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <numeric>
@@ -289,6 +291,157 @@ inline void wait_until(thread_world_state& world, std::mutex& mutex, std::condit
   }
 }
 
+// The sends of one exchange, rendezvous style: each is posted to its receiver's mailbox, and the
+// receiver copies it and publishes the outcome in the record. The blocking exchange keeps its
+// records in a pool; an asynchronous one owns them until it completes.
+struct posted_sends {
+  std::vector<std::unique_ptr<posted_send>> records;  // records[0, count) are this batch's
+  std::vector<int> peers;                             // the receiver of each
+  std::size_t count = 0;
+
+  std::span<const std::unique_ptr<posted_send>> batch() const { return {records.data(), count}; }
+
+  // Posts every send of `ops` (reusing the records).
+  void post(thread_group_state& group, int rank, std::span<const p2p_op> ops) {
+    count = 0;
+    peers.clear();
+    for (const p2p_op& op : ops) {
+      if (op.direction != p2p_op::kind::send) continue;
+      if (count == records.size()) records.push_back(std::make_unique<posted_send>());
+      posted_send& posted = *records[count++];
+      posted.source = rank;
+      posted.tag = op.tag;
+      posted.buffer = op.buffer;
+      posted.state.store(0, std::memory_order_relaxed);
+      auto& box = group.mailboxes[op.peer];
+      {
+        const std::lock_guard lock(box.mutex);
+        box.sends.push_back(&posted);
+        box.waiting.store(static_cast<std::int64_t>(box.sends.size()), std::memory_order_release);
+      }
+      if (box.sleepers.load(std::memory_order_seq_cst) > 0) box.changed.notify_all();
+      peers.push_back(op.peer);
+    }
+  }
+
+  bool delivered() const {
+    for (const auto& posted : batch())
+      if (posted->state.load(std::memory_order_acquire) < 2) return false;
+    return true;
+  }
+
+  // Waits until every receiver has copied its send; a send not taken within the world's timeout
+  // aborts the world, a refused one (size or type) throws. Either way comm_error.
+  void await(thread_group_state& group, int rank, wait_style style) const {
+    auto& world = *group.world;
+    const int world_rank = group.world_ranks[rank];
+    auto& own = group.mailboxes[rank];
+    for (std::size_t s = 0; s < count; ++s) {
+      const posted_send& posted = *records[s];
+      wait_until(
+          world, own.mutex, own.changed, &own.sleepers, world_rank, style,
+          [&] { return posted.state.load(std::memory_order_acquire) >= 2; },
+          [&] {
+            const std::string message = format_message(
+                "quintet: thread_comm send from rank {} to rank {} (tag {}) was not received "
+                "within {} ms",
+                rank, peers[s], posted.tag, world.timeout.count());
+            world.abort(world_rank, message);
+            throw comm_error(message);
+          });
+      if (posted.state.load(std::memory_order_acquire) == 3) {
+        throw comm_error(format_message(
+            "quintet: thread_comm send from rank {} to rank {} (tag {}): {} {} elements sent, but "
+            "the receive expects {} {} elements",
+            rank, peers[s], posted.tag, posted.buffer.count, name_of(posted.buffer.type),
+            posted.receiver_count, name_of(posted.receiver_type)));
+      }
+    }
+  }
+
+  // On failure, sends nobody has taken are withdrawn; one being copied is waited for, so no peer
+  // reads memory this rank is about to release.
+  void retract(thread_group_state& group) const {
+    for (std::size_t s = 0; s < count; ++s) {
+      auto& box = group.mailboxes[peers[s]];
+      {
+        const std::lock_guard lock(box.mutex);
+        auto it = std::find(box.sends.begin(), box.sends.end(), records[s].get());
+        if (it != box.sends.end()) {
+          box.sends.erase(it);
+          box.waiting.store(static_cast<std::int64_t>(box.sends.size()), std::memory_order_release);
+          continue;
+        }
+      }
+      while (records[s]->state.load(std::memory_order_acquire) == 1) std::this_thread::yield();
+    }
+  }
+};
+
+// An asynchronous operation of thread_comm: a part queued for the progress thread (a collective,
+// or an exchange's receives) and an exchange's sends. The sends are in their receivers' mailboxes
+// from the call on, so a send never waits behind this rank's earlier receives (a pipeline posts
+// receives well before their data exists). It holds the operation issued before it on the
+// communicator, which completes first (the ordering rule). Used from the thread that issued it.
+class thread_operation final : public pending_operation {
+ public:
+  thread_operation(std::shared_ptr<thread_group_state> group, int rank,
+                   std::shared_ptr<thread_operation> previous)
+      : group_(std::move(group)), rank_(rank), previous_(std::move(previous)) {}
+
+  posted_sends& sends() { return sends_; }
+  void set_queued(std::shared_ptr<pending_operation> queued) { queued_ = std::move(queued); }
+
+  void wait() override {
+    complete();
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+  }
+
+  bool ready() override {
+    for (thread_operation* op = this; op != nullptr && !op->completed_; op = op->previous_.get()) {
+      if ((op->queued_ && !op->queued_->ready()) || !op->sends_.delivered()) return false;
+    }
+    return true;
+  }
+
+  void abandon(const std::string& message) noexcept override {
+    group_->world->abort(group_->world_ranks[rank_], message);
+  }
+
+  // Completes the operations issued before this one, oldest first, then this one. Their errors
+  // are kept for their own wait().
+  void complete() noexcept {
+    std::vector<thread_operation*> chain;
+    for (thread_operation* op = this; op != nullptr && !op->completed_; op = op->previous_.get()) {
+      chain.push_back(op);
+    }
+    for (auto op = chain.rbegin(); op != chain.rend(); ++op) (*op)->complete_own();
+  }
+
+ private:
+  void complete_own() noexcept {
+    try {
+      if (queued_) queued_->wait();
+      // Polls only where the world has cores to spare (its spin budget), then yields and sleeps.
+      sends_.await(*group_, rank_, wait_style::poll);
+    } catch (...) {
+      sends_.retract(*group_);
+      error_ = std::current_exception();
+    }
+    queued_.reset();
+    previous_.reset();
+    completed_ = true;
+  }
+
+  std::shared_ptr<thread_group_state> group_;
+  int rank_;
+  std::shared_ptr<thread_operation> previous_;  // null once complete
+  posted_sends sends_;
+  std::shared_ptr<pending_operation> queued_;  // null when nothing was queued
+  std::exception_ptr error_;
+  bool completed_ = false;
+};
+
 }  // namespace detail
 
 class thread_comm : public communicator_api<thread_comm, host> {
@@ -296,10 +449,11 @@ class thread_comm : public communicator_api<thread_comm, host> {
   thread_comm(std::shared_ptr<detail::thread_group_state> group, int rank)
       : group_(std::move(group)), rank_(rank) {}
   // The progress thread works on the object it was started for: a moved-from communicator first
-  // runs its pending operations and stops it; the moved-to one starts its own when needed.
+  // completes its pending operations and stops it; the moved-to one starts its own when needed.
   thread_comm(thread_comm&& other) noexcept { take(other); }
   thread_comm& operator=(thread_comm&& other) noexcept {
     if (this != &other) {
+      complete_pending();
       progress_.reset();
       take(other);
     }
@@ -400,26 +554,50 @@ class thread_comm : public communicator_api<thread_comm, host> {
     run_exchange(ops);
   }
   comm_request do_exchange_async(std::span<const p2p_op> ops) {
-    return submit(
-        [this, batch = std::vector<p2p_op>(ops.begin(), ops.end())] { run_exchange(batch); });
+    auto& world = *group_->world;
+    if (world.aborted.load(std::memory_order_acquire)) world.raise_aborted(world_rank());
+    auto operation = std::make_shared<detail::thread_operation>(group_, rank_, std::move(last_));
+    operation->sends().post(*group_, rank_, ops);
+    std::vector<p2p_op> receives;
+    std::copy_if(ops.begin(), ops.end(), std::back_inserter(receives),
+                 [](const p2p_op& op) { return op.direction == p2p_op::kind::recv; });
+    if (!receives.empty()) {
+      operation->set_queued(enqueue([this, receives = std::move(receives)] {
+        for (const p2p_op& op : receives) receive(op);
+      }));
+    }
+    last_ = operation;
+    return comm_request(std::move(operation));
+  }
+
+  template <class Body>
+  comm_request submit(Body body) {
+    auto operation = std::make_shared<detail::thread_operation>(group_, rank_, std::move(last_));
+    operation->set_queued(enqueue(std::move(body)));
+    last_ = operation;
+    return comm_request(std::move(operation));
   }
 
   // The first asynchronous operation starts the progress thread.
   template <class Body>
-  comm_request submit(Body body) {
+  std::shared_ptr<detail::pending_operation> enqueue(Body body) {
     if (!progress_) progress_ = std::make_unique<detail::progress_thread>();
-    return comm_request(progress_->submit(
+    return progress_->submit(
         std::move(body), [world = group_->world, rank = world_rank()](const std::string& message) {
           world->abort(rank, message);
-        }));
+        });
   }
 
-  // Blocking calls run inline once the operations issued before them have run.
+  // Blocking calls run inline once the operations issued before them are complete (their errors
+  // stay with their requests).
   void complete_pending() {
     if (progress_) progress_->drain();
+    if (last_) last_->complete();
+    last_.reset();
   }
 
   void take(thread_comm& other) noexcept {
+    other.complete_pending();
     other.progress_.reset();
     group_ = std::move(other.group_);
     rank_ = other.rank_;
@@ -563,57 +741,14 @@ class thread_comm : public communicator_api<thread_comm, host> {
   void run_exchange(std::span<const p2p_op> ops) {
     auto& world = *group_->world;
     if (world.aborted.load(std::memory_order_acquire)) world.raise_aborted(world_rank());
-    // The batch's send records come from a pool the communicator keeps: a record is free again
-    // once this call returns (delivered, refused, or retracted).
-    std::size_t posted_count = 0;
-    send_peers_.clear();
-    for (const p2p_op& op : ops) {
-      if (op.direction != p2p_op::kind::send) continue;
-      if (posted_count == send_pool_.size())
-        send_pool_.push_back(std::make_unique<detail::posted_send>());
-      detail::posted_send& posted = *send_pool_[posted_count++];
-      posted.source = rank_;
-      posted.tag = op.tag;
-      posted.buffer = op.buffer;
-      posted.state.store(0, std::memory_order_relaxed);
-      auto& box = group_->mailboxes[op.peer];
-      {
-        const std::lock_guard lock(box.mutex);
-        box.sends.push_back(&posted);
-        box.waiting.store(static_cast<std::int64_t>(box.sends.size()), std::memory_order_release);
-      }
-      if (box.sleepers.load(std::memory_order_seq_cst) > 0) box.changed.notify_all();
-      send_peers_.push_back(op.peer);
-    }
-    const std::span<const std::unique_ptr<detail::posted_send>> sends(send_pool_.data(),
-                                                                      posted_count);
-    const std::vector<int>& send_peers = send_peers_;
+    sends_.post(*group_, rank_, ops);
     try {
       for (const p2p_op& op : ops) {
         if (op.direction == p2p_op::kind::recv) receive(op);
       }
-      auto& own = group_->mailboxes[rank_];
-      for (std::size_t s = 0; s < sends.size(); ++s) {
-        detail::posted_send& posted = *sends[s];
-        detail::wait_until(
-            world, own.mutex, own.changed, &own.sleepers, world_rank(), style_of_wait(),
-            [&] { return posted.state.load(std::memory_order_acquire) >= 2; },
-            [&] {
-              fail(detail::format_message(
-                  "quintet: thread_comm send from rank {} to rank {} (tag {}) was not received "
-                  "within {} ms",
-                  rank_, send_peers[s], posted.tag, world.timeout.count()));
-            });
-        if (posted.state.load(std::memory_order_acquire) == 3) {
-          throw comm_error(detail::format_message(
-              "quintet: thread_comm send from rank {} to rank {} (tag {}): {} {} elements sent, "
-              "but the receive expects {} {} elements",
-              rank_, send_peers[s], posted.tag, posted.buffer.count, name_of(posted.buffer.type),
-              posted.receiver_count, name_of(posted.receiver_type)));
-        }
-      }
+      sends_.await(*group_, rank_, style_of_wait());
     } catch (...) {
-      retract(sends, send_peers);
+      sends_.retract(*group_);
       throw;
     }
   }
@@ -666,25 +801,6 @@ class thread_comm : public communicator_api<thread_comm, host> {
           "but {} {} elements were sent",
           rank_, op.peer, op.tag, op.buffer.count, name_of(op.buffer.type), sent.count,
           name_of(sent.type)));
-    }
-  }
-
-  // On failure, sends nobody has taken are withdrawn; one being copied is waited for, so no peer
-  // reads memory this rank is about to release.
-  void retract(std::span<const std::unique_ptr<detail::posted_send>> sends,
-               const std::vector<int>& peers) {
-    for (std::size_t s = 0; s < sends.size(); ++s) {
-      auto& box = group_->mailboxes[peers[s]];
-      {
-        const std::lock_guard lock(box.mutex);
-        auto it = std::find(box.sends.begin(), box.sends.end(), sends[s].get());
-        if (it != box.sends.end()) {
-          box.sends.erase(it);
-          box.waiting.store(static_cast<std::int64_t>(box.sends.size()), std::memory_order_release);
-          continue;
-        }
-      }
-      while (sends[s]->state.load(std::memory_order_acquire) == 1) std::this_thread::yield();
     }
   }
 
@@ -837,9 +953,11 @@ class thread_comm : public communicator_api<thread_comm, host> {
   int rank_ = 0;
   std::uint64_t sequence_ = 0;  // collectives entered on this communicator
   std::uint64_t entered_parity_ = 0;
-  // run_exchange's send records, reused from batch to batch, and the peers of the current batch.
-  std::vector<std::unique_ptr<detail::posted_send>> send_pool_;
-  std::vector<int> send_peers_;
+  // The blocking exchange's send records, reused from batch to batch.
+  detail::posted_sends sends_;
+  // The asynchronous operation issued last, unless a blocking call has completed it since. Each
+  // holds the one before it, so completing it completes everything issued on this communicator.
+  std::shared_ptr<detail::thread_operation> last_;
   // When style_of_wait last moved this rank off a core it shared with a peer.
   std::chrono::steady_clock::time_point last_move_{};
   // Started by the first asynchronous operation; it works on this object's members above. Last,

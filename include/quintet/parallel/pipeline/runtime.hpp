@@ -9,11 +9,13 @@
 //     F0      waits for that exchange, then stage.forward(ctx of (1, 0), links.input(1, 0, &act))
 //     B0      stage.backward(ctx, links.gradient(1, 0, null)): the last stage's loss gradient
 //     SEND_B0 posts the input gradient to rank 0; the buffer lives until the send completes
-// Consecutive transfers in a list are posted as one batch (exchange_async), so a send and the
-// receive next to it travel together, and the compute that follows runs while they are in flight;
-// a compute waits only for the batch holding its own input. Because operations on one
-// communicator complete in the order they were issued, and the verifier proved the lists run
-// even when every send and receive blocks, posting ahead never deadlocks.
+// Consecutive transfers in a list are posted together (exchange_async), in batches that each end
+// at a receive: sends travel with the receive after them, the compute that follows runs while
+// they are in flight, and a compute waits for the batch holding its own input (so, by the
+// ordering rule, for those before it) but never for a later receive in the same run — the peer's
+// next micro-batch. Because operations on one communicator complete in the order they were
+// issued, and the verifier proved the lists run even when every send and receive blocks, posting
+// ahead never deadlocks.
 //
 // Contexts are held per (stage, micro-batch) from F until B (or W) finishes; the most held at
 // once is measured (run_stats). Overlapped pairs (DualPipeV's F&B) run their two halves one after
@@ -78,7 +80,7 @@ concept transferable_stage = nn::stage<S> && std::default_initializable<typename
 struct run_stats {
   int peak_contexts = 0;               // most contexts held at once, own and accepted (BPipe)
   std::size_t peak_context_bytes = 0;  // most bytes those contexts held at once
-  int batches_posted = 0;              // exchange_async calls (consecutive transfers share one)
+  int batches_posted = 0;              // exchange_async calls (a run of transfers, cut at receives)
   int contexts_moved = 0;              // contexts this rank sent away (EVICT, RETURN)
   // When each action of the rank's list started and ended, in seconds since the run began
   // (index: the action's place in the list): a compute from when its inputs were here to its end;
@@ -324,8 +326,8 @@ class runtime {
     return stage >= 0 && stage < schedule_.stages() && local_[static_cast<std::size_t>(stage)] >= 0;
   }
 
-  // Posts list[begin, end) (all transfers) as one exchange — split in two where an ACCEPT must
-  // first learn the size of what it receives.
+  // Posts list[begin, end) (all transfers) as exchanges that each end at a receive — split too
+  // where an ACCEPT must first learn the size of what it receives.
   void post(const std::vector<action>& list, std::size_t begin, std::size_t end,
             std::map<key, slot>& slots, std::map<key, parked>& accepted, std::deque<batch>& batches,
             const links& link) {
@@ -378,6 +380,10 @@ class runtime {
           break;
       }
       stats_.bytes[i] = static_cast<double>(ops.back().buffer.bytes());
+      // A compute waits for the whole batch holding its input: a receive ends its batch, so it
+      // never waits on a later receive too (the peer's next micro-batch). Sends ride with the
+      // receive that follows them.
+      if (a.kind == action_kind::recv_forward || a.kind == action_kind::recv_backward) flush();
     }
     if (!ops.empty()) {
       batches.back().request = pp_->exchange_async(ops);
