@@ -558,13 +558,14 @@ void run_rank(const Source& source, const Source* held_out, const program_option
     // Collective over pp: every rank's measured times and peak context bytes of the last step.
     auto& runtime = trainer.pipeline().runtime();
     const auto measured = runtime.measured_timeline();
-    if (!run.history.empty()) run.pipeline_peak_context_bytes = measured.peak_bytes;
-    if (printer && !run.history.empty()) {
+    if (!run.history.empty()) {  // a step ran
+      run.pipeline_peak_context_bytes = measured.peak_bytes;
       std::string peaks;
       for (const double bytes : measured.peak_bytes)
         peaks += fmt::format("{}{:.1f}", peaks.empty() ? "" : ", ", bytes / 1024.0);
-      fmt::print("pipeline peak context KiB per pp rank (step {}): {}\n", trainer.next_step() - 1,
-                 peaks);
+      if (printer)
+        fmt::print("pipeline peak context KiB per pp rank (step {}): {}\n", trainer.next_step() - 1,
+                   peaks);
     }
     if (printer && !options.trace_path.empty()) {
       std::ofstream(options.trace_path)
