@@ -20,6 +20,7 @@
 #include <cmath>
 #include <memory>
 #include <random>
+#include <utility>
 #include <vector>
 
 using quintet::host;
@@ -72,11 +73,24 @@ std::vector<stage_bytes> measured_stage_bytes(const nn::gpt_config& config,
 template <class T>
 void require_priced_bytes(bool tied) {
   const std::vector<int> layers{3, 3, 2};
-  for (const nn::recompute_mode mode :
-       {nn::recompute_mode::none, nn::recompute_mode::selective, nn::recompute_mode::full}) {
+  // Two shapes, so that no two of the formulas' terms (bsh, bsH, abs) keep one ratio.
+  struct block_shape {
+    std::int64_t d_model, heads, mlp_hidden;
+  };
+  for (const auto& [mode, dims] : {std::pair{nn::recompute_mode::none, block_shape{8, 2, 16}},
+                                   std::pair{nn::recompute_mode::selective, block_shape{8, 2, 16}},
+                                   std::pair{nn::recompute_mode::full, block_shape{8, 2, 16}},
+                                   std::pair{nn::recompute_mode::none, block_shape{12, 4, 40}},
+                                   std::pair{nn::recompute_mode::selective, block_shape{12, 4, 40}},
+                                   std::pair{nn::recompute_mode::full, block_shape{12, 4, 40}}}) {
     nn::gpt_config config = config_of(tied);
     config.recompute = mode;
-    INFO("tied " << tied << ", recompute " << nn::name_of(mode) << ", element bytes " << sizeof(T));
+    config.d_model = dims.d_model;
+    config.heads = dims.heads;
+    config.mlp_hidden = dims.mlp_hidden;
+    INFO("tied " << tied << ", recompute " << nn::name_of(mode) << ", element bytes " << sizeof(T)
+                 << ", d " << dims.d_model << ", heads " << dims.heads << ", H "
+                 << dims.mlp_hidden);
     const std::int64_t rows = 3;
     const auto measured = measured_stage_bytes<T>(config, layers, rows);
     const auto priced = nn::stage_loads(nn::gpt_piece_costs<T>(config, rows, seq), layers);
@@ -84,6 +98,8 @@ void require_priced_bytes(bool tied) {
     for (std::size_t s = 0; s < measured.size(); ++s) {
       INFO("stage " << s);
       CHECK(static_cast<double>(measured[s].after_forward) == priced[s].peak_bytes);
+      CHECK(static_cast<double>(measured[s].after_forward) == priced[s].context_bytes);
+      CHECK(static_cast<double>(measured[s].after_input_pass) == priced[s].weight_bytes);
     }
   }
 }
@@ -145,8 +161,8 @@ TEST_CASE("each rank's peak context bytes are the simulator's prediction",
   // Every schedule at p in {2, 4}, m in {p, 12} (equal micro-batches of 12 / m rows, so each
   // stage's context has one size): the bytes every rank held at once, counted while running,
   // against simulate() given each stage's context bytes from gpt_piece_costs and, for the split
-  // backwards, the bytes a stage keeps from its input pass to its weight pass (measured on one
-  // micro-batch above). BPipe's moves at p <= 4 are none; its p = 8 row is its own test.
+  // backwards, the bytes it prices from a stage's input pass to its weight pass (the test above
+  // holds both to real stages). BPipe's moves at p <= 4 are none; its p = 8 row is its own test.
   for (const auto& info : pl::builtin_schedules) {
     for (const int p : {2, 4}) {
       for (const int m : {p, 12}) {
@@ -157,13 +173,12 @@ TEST_CASE("each rank's peak context bytes are the simulator's prediction",
         const nn::gpt_config config = config_of(true);
         const std::int64_t rows = batch_rows / m;
         const auto priced = nn::stage_loads(nn::gpt_piece_costs<double>(config, rows, seq), layers);
-        const auto measured = measured_stage_bytes<double>(config, layers, rows);
         pl::cost_model costs;
         costs.stages.clear();
         for (std::size_t stage = 0; stage < priced.size(); ++stage) {
           pl::stage_costs c;
-          c.context_bytes = priced[stage].peak_bytes;
-          c.weight_bytes = static_cast<double>(measured[stage].after_input_pass);
+          c.context_bytes = priced[stage].context_bytes;
+          c.weight_bytes = priced[stage].weight_bytes;
           costs.stages.push_back(c);
         }
         const pl::simulation predicted = pl::simulate(s, costs);
@@ -209,22 +224,25 @@ TEST_CASE("balanced_layers finds the best pace, then the least memory, of every 
     const int layers = stages + static_cast<int>(random() % 5);
     const bool equal_blocks = trial % 2 == 0;
     nn::gpt_costs costs;
-    const double flops = draw(random), bytes = draw(random);
+    const double flops = draw(random), bytes = draw(random), weight_bytes = draw(random);
     for (int i = 0; i < layers; ++i)
-      costs.blocks.push_back(
-          {equal_blocks ? flops : draw(random), equal_blocks ? bytes : draw(random)});
-    costs.embedding = {0.1 * draw(random), 0.2 * draw(random)};
-    costs.head = {3 * draw(random), 2 * draw(random)};
+      costs.blocks.push_back({equal_blocks ? flops : draw(random),
+                              equal_blocks ? bytes : draw(random),
+                              equal_blocks ? weight_bytes : draw(random)});
+    costs.embedding = {0.1 * draw(random), 0.2 * draw(random), 0.3 * draw(random)};
+    costs.head = {3 * draw(random), 2 * draw(random), 3 * draw(random)};
     costs.stage_bytes = 0.01;
     nn::partition_goal goal;
+    // Under a split backward each held context counts at the larger of its two sizes.
+    goal.split_backward = (trial / 12) % 2 == 1;
     for (int s = 0; s < stages; ++s) {
       goal.held.push_back(1 + static_cast<int>(random() % 4));
       goal.stage_to_rank.push_back(map == 0   ? s
                                    : map == 1 ? s % ranks
                                               : (s < ranks ? s : 2 * ranks - 1 - s));
     }
-    INFO("trial " << trial << ": " << layers << " layers over " << stages << " stages, map "
-                  << map);
+    INFO("trial " << trial << ": " << layers << " layers over " << stages << " stages, map " << map
+                  << ", split backward " << goal.split_backward);
     figures best{1e300, 1e300};
     for (const auto& p : every_partition(layers, stages)) {
       const figures f = figures_of(costs, p, goal);

@@ -556,15 +556,20 @@ class thread_comm : public communicator_api<thread_comm, host> {
   comm_request do_exchange_async(std::span<const p2p_op> ops) {
     auto& world = *group_->world;
     if (world.aborted.load(std::memory_order_acquire)) world.raise_aborted(world_rank());
-    auto operation = std::make_shared<detail::thread_operation>(group_, rank_, std::move(last_));
-    operation->sends().post(*group_, rank_, ops);
     std::vector<p2p_op> receives;
     std::copy_if(ops.begin(), ops.end(), std::back_inserter(receives),
                  [](const p2p_op& op) { return op.direction == p2p_op::kind::recv; });
-    if (!receives.empty()) {
-      operation->set_queued(enqueue([this, receives = std::move(receives)] {
-        for (const p2p_op& op : receives) receive(op);
-      }));
+    auto operation = std::make_shared<detail::thread_operation>(group_, rank_, last_);
+    try {
+      operation->sends().post(*group_, rank_, ops);
+      if (!receives.empty()) {
+        operation->set_queued(enqueue([this, receives = std::move(receives)] {
+          for (const p2p_op& op : receives) receive(op);
+        }));
+      }
+    } catch (...) {  // no record may stay in a peer's mailbox once the operation is gone
+      operation->sends().retract(*group_);
+      throw;
     }
     last_ = operation;
     return comm_request(std::move(operation));
@@ -572,7 +577,7 @@ class thread_comm : public communicator_api<thread_comm, host> {
 
   template <class Body>
   comm_request submit(Body body) {
-    auto operation = std::make_shared<detail::thread_operation>(group_, rank_, std::move(last_));
+    auto operation = std::make_shared<detail::thread_operation>(group_, rank_, last_);
     operation->set_queued(enqueue(std::move(body)));
     last_ = operation;
     return comm_request(std::move(operation));

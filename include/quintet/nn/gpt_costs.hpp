@@ -25,8 +25,14 @@
 //   embedding          bs int32                           (the token ids)
 //   every stage        3 int32                            (the micro-batch's shape and padding id)
 // These are the bytes from forward to the input pass. A split backward (I, then W) keeps more
-// until W — the output gradients the weight pass reads, and under full recomputation the rerun
-// forward — which is not priced here (the simulator takes it as stage_costs::weight_bytes).
+// until W: the output gradients the weight pass reads (the block's four projections' and two
+// layer norms' under none), less what only the input pass needed, and under full recomputation
+// the rerun forward. Measured on real stages (test_gpt_partition) and priced as weight_bytes:
+//   block, none             (15 bsh + 3 bsH) T + (4 bs + abs) stat
+//   block, selective, full  (12 bsh + 2 bsH) T + 4 bs stat
+//   head                    (3 bsh + bsV) T + 2 bs stat
+//   embedding               bsh T + bs int32        (the output gradient, for the table's)
+//   every stage             3 int32
 // A mixture-of-experts block's context depends on the routing; it is estimated as a dense block's
 // with the MLP's terms times top_k (the experts' inputs and GELU inputs per routed token), short
 // of the router's probabilities, gates and choices and the dispatched rows (~20% of the MoE
@@ -45,8 +51,9 @@ namespace quintet::nn {
 
 // One piece's cost per micro-batch.
 struct piece_cost {
-  double flops = 0;  // forward and backward
-  double bytes = 0;  // its context, from forward to the end of its backward
+  double flops = 0;         // forward and backward
+  double bytes = 0;         // its context, from forward to the end of its backward (or its I)
+  double weight_bytes = 0;  // its context from a split backward's input pass to its weight pass
 };
 
 struct gpt_costs {
@@ -67,8 +74,9 @@ gpt_costs gpt_piece_costs(const gpt_config& config, std::int64_t rows, std::int6
   const double value = sizeof(T), stat = sizeof(kernels::accumulator_t<T>), id = 4;
   const double bs = b * s, bsh = bs * h;
   gpt_costs out;
-  out.embedding = {0, bs * id};
-  out.head = {3 * 2 * bsh * vocab, (2 * bsh + bs * vocab) * value + bs * (3 * stat + id)};
+  out.embedding = {0, bs * id, bsh * value + bs * id};
+  out.head = {3 * 2 * bsh * vocab, (2 * bsh + bs * vocab) * value + bs * (3 * stat + id),
+              (3 * bsh + bs * vocab) * value + 2 * bs * stat};
   out.stage_bytes = 3 * id;
   for (std::int64_t i = 0; i < config.layers; ++i) {
     const bool moe = config.is_moe_block(i);
@@ -83,9 +91,11 @@ gpt_costs gpt_piece_costs(const gpt_config& config, std::int64_t rows, std::int6
     const double flops = 3 * forward + recomputed;
     const double mlp_values = 2 * bs * hidden * experts_per_token;
     double bytes = 0;
+    double weight_bytes = (12 * bsh + mlp_values) * value + 4 * bs * stat;
     switch (config.recompute) {
       case recompute_mode::none:
         bytes = (8 * bsh + mlp_values) * value + (4 * bs + a * bs) * stat;
+        weight_bytes = (15 * bsh + 1.5 * mlp_values) * value + (4 * bs + a * bs) * stat;
         break;
       case recompute_mode::selective:
         bytes = (7 * bsh + mlp_values) * value + 4 * bs * stat;
@@ -94,7 +104,7 @@ gpt_costs gpt_piece_costs(const gpt_config& config, std::int64_t rows, std::int6
         bytes = bsh * value;
         break;
     }
-    out.blocks.push_back({flops, bytes});
+    out.blocks.push_back({flops, bytes, weight_bytes});
   }
   return out;
 }

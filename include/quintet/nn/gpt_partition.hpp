@@ -64,12 +64,18 @@ struct partition_goal {
   std::vector<int> held;
   // The rank of each virtual stage (the schedule's stage_to_rank). Empty: stage s on rank s.
   std::vector<int> stage_to_rank;
+  // The schedule splits backward into I and W (zero-bubble, V schedules): a held context may be
+  // between the two, where it keeps weight_bytes; each is then counted at the larger size.
+  bool split_backward = false;
 };
 
-// One stage's load under a partition: FLOPs per micro-batch, and context bytes at its peak.
+// One stage's load under a partition: FLOPs per micro-batch, and context bytes at its peak (the
+// goal's held contexts, each at its larger size under a split backward); one micro-batch's
+// context bytes before and after a split backward's input pass.
 struct stage_load {
   double flops = 0;
   double peak_bytes = 0;
+  double context_bytes = 0, weight_bytes = 0;
 };
 
 namespace detail {
@@ -77,7 +83,8 @@ inline std::vector<piece_cost> prefix_costs(const gpt_costs& costs) {
   std::vector<piece_cost> prefix(costs.blocks.size() + 1);
   for (std::size_t i = 0; i < costs.blocks.size(); ++i)
     prefix[i + 1] = {prefix[i].flops + costs.blocks[i].flops,
-                     prefix[i].bytes + costs.blocks[i].bytes};
+                     prefix[i].bytes + costs.blocks[i].bytes,
+                     prefix[i].weight_bytes + costs.blocks[i].weight_bytes};
   return prefix;
 }
 
@@ -86,16 +93,21 @@ inline std::vector<piece_cost> prefix_costs(const gpt_costs& costs) {
 inline piece_cost stage_cost(const gpt_costs& costs, const std::vector<piece_cost>& prefix,
                              int stage, int stages, std::size_t first, std::size_t end) {
   piece_cost c{prefix[end].flops - prefix[first].flops,
-               costs.stage_bytes + prefix[end].bytes - prefix[first].bytes};
-  if (stage == 0) {
-    c.flops += costs.embedding.flops;
-    c.bytes += costs.embedding.bytes;
-  }
-  if (stage == stages - 1) {
-    c.flops += costs.head.flops;
-    c.bytes += costs.head.bytes;
-  }
+               costs.stage_bytes + prefix[end].bytes - prefix[first].bytes,
+               costs.stage_bytes + prefix[end].weight_bytes - prefix[first].weight_bytes};
+  const auto add = [&c](const piece_cost& piece) {
+    c.flops += piece.flops;
+    c.bytes += piece.bytes;
+    c.weight_bytes += piece.weight_bytes;
+  };
+  if (stage == 0) add(costs.embedding);
+  if (stage == stages - 1) add(costs.head);
   return c;
+}
+
+// What one held context of a stage costing `c` counts for.
+inline double held_bytes(const piece_cost& c, const partition_goal& goal) {
+  return goal.split_backward ? std::max(c.bytes, c.weight_bytes) : c.bytes;
 }
 
 // The goal's vectors checked against the stage count, defaults filled in.
@@ -118,7 +130,8 @@ inline partition_goal checked_goal(const partition_goal& goal, int stages) {
 
 // What balanced_layers compares partitions by, smallest first: the busiest rank's FLOPs per
 // micro-batch (the pipeline's pace), the rank memory that is largest (each stage's held x context
-// bytes, summed over the rank's stages: an upper bound, their peaks may not coincide), then the
+// bytes — under a split backward the larger of a context's bytes before and after its input pass
+// — summed over the rank's stages: an upper bound, their peaks may not coincide), then the
 // sum of the ranks' squared FLOPs (the ranks that do not set the pace, balanced too). Figures
 // within a relative 1e-9 are equal: sums of the same costs in another order differ in rounding.
 struct partition_score {
@@ -147,7 +160,7 @@ inline partition_score score(const gpt_costs& costs, const std::vector<piece_cos
     const piece_cost c = stage_cost(costs, prefix, s, stages, first, end);
     const auto r = static_cast<std::size_t>(goal.stage_to_rank[i]);
     flops[r] += c.flops;
-    bytes[r] += c.bytes * goal.held[i];
+    bytes[r] += held_bytes(c, goal) * goal.held[i];
     first = end;
   }
   partition_score out;
@@ -194,7 +207,7 @@ inline std::vector<int> stagewise_balanced(const gpt_costs& costs,
   };
   const double fastest = solve([](const piece_cost& c, std::size_t) { return c.flops; },
                                [](const piece_cost&) { return true; });
-  solve([&](const piece_cost& c, std::size_t s) { return c.bytes * goal.held[s]; },
+  solve([&](const piece_cost& c, std::size_t s) { return held_bytes(c, goal) * goal.held[s]; },
         [&](const piece_cost& c) { return c.flops <= fastest * (1 + 1e-9); });
   std::vector<int> out(count);
   std::size_t end = n;
@@ -287,7 +300,8 @@ inline std::vector<stage_load> stage_loads(const gpt_costs& costs, const std::ve
         "gpt partition {}: does not fit {} layers", to_string(layers), costs.blocks.size());
     const std::size_t end = first + static_cast<std::size_t>(layers[i]);
     const piece_cost c = detail::stage_cost(costs, prefix, s, stages, first, end);
-    out.push_back({c.flops, c.bytes * checked.held[i]});
+    out.push_back(
+        {c.flops, detail::held_bytes(c, checked) * checked.held[i], c.bytes, c.weight_bytes});
     first = end;
   }
   QUINTET_CHECK(first == costs.blocks.size(), "gpt partition {}: holds {} of {} layers",

@@ -829,6 +829,10 @@ class trainer {
     nn::partition_goal goal;
     goal.held = parallel::pipeline::peak_contexts_by_stage(s);
     goal.stage_to_rank = s.stage_to_rank;
+    for (const auto& list : s.actions)
+      for (const auto& a : list)
+        goal.split_backward =
+            goal.split_backward || a.kind == parallel::pipeline::action_kind::backward_input;
     return nn::balanced_layers(nn::gpt_piece_costs<T>(config, rows, options.seq), s.stages(), goal);
   }
 
