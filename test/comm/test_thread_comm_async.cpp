@@ -255,6 +255,45 @@ TEST_CASE("thread_comm: a failed or missing peer surfaces at wait() as comm_erro
                                         "(world 1) did not arrive"));
 }
 
+TEST_CASE("thread_comm: an async send to a failed or absent peer turns ready, then wait throws",
+          "[comm][thread][async][failure]") {
+  // The send is in the peer's mailbox from the call on; a caller that polls ready() must still
+  // see it end when the peer will never take it: at once when the peer failed (the world's
+  // abort), at the timeout when it just never receives.
+  const auto poll_then_wait = [](thread_comm& comm, std::string& seen) {
+    tensor<float, host> values(shape{5});
+    const p2p_op send = p2p_op::send(values, 1);
+    comm_request request = comm.exchange_async(std::span<const p2p_op>(&send, 1));
+    const auto give_up = std::chrono::steady_clock::now() + 20s;  // a hang fails, not blocks
+    while (!request.ready() && std::chrono::steady_clock::now() < give_up) compute(1000);
+    if (!request.ready()) throw std::runtime_error("ready() never turned true");
+    try {
+      request.wait();
+    } catch (const comm_error& failure) {
+      seen = failure.what();
+      throw;
+    }
+  };
+  std::string aborted;
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH(thread_world({.size = 2, .timeout = 3s}).run([&](thread_comm& comm) {
+    if (comm.rank() == 1) throw quintet::error("rank one gave up");
+    poll_then_wait(comm, aborted);
+  }),
+                    "rank one gave up");
+  CHECK(std::chrono::steady_clock::now() - start < 3s);  // the abort, not the timeout
+  CHECK_THAT(aborted, Catch::Contains("rank 1 (world) failed: rank one gave up"));
+
+  std::string timed_out;
+  CHECK_THROWS_AS(thread_world({.size = 2, .timeout = 200ms}).run([&](thread_comm& comm) {
+    if (comm.rank() == 1) return;  // never receives
+    poll_then_wait(comm, timed_out);
+  }),
+                  comm_error);
+  CHECK_THAT(timed_out, Catch::Contains("send from rank 0 to rank 1 (tag 0) was not received "
+                                        "within 200 ms"));
+}
+
 TEST_CASE("thread_comm: a failed operation nobody waited for aborts the world",
           "[comm][thread][async][failure]") {
   CHECK_THROWS_WITH(thread_world({.size = 2, .timeout = 5s}).run([](thread_comm& comm) {

@@ -259,13 +259,14 @@ inline bool spin_until(const thread_world_state& world, wait_style style, Ready 
 }
 
 // Waits in `style` (spin_until), then sleeps on a condition variable in short slices that poll for
-// an abort and the deadline.
+// an abort and the deadline (default: the world's timeout from now).
 template <class Ready, class OnTimeout>
 inline void wait_until(thread_world_state& world, std::mutex& mutex, std::condition_variable& cv,
                        std::atomic<int>* sleepers, int world_rank, wait_style style, Ready ready,
-                       OnTimeout on_timeout) {
+                       OnTimeout on_timeout, std::chrono::steady_clock::time_point deadline = {}) {
   if (spin_until(world, style, ready)) return;
-  const auto deadline = std::chrono::steady_clock::now() + world.timeout;
+  if (deadline == std::chrono::steady_clock::time_point{})
+    deadline = std::chrono::steady_clock::now() + world.timeout;
   // A read-modify-write, as the wakers' look at the count is (count_sleepers): if a waker's
   // comes first, this one reads what it wrote and so sees what the waker stored before it.
   if (sleepers != nullptr) sleepers->fetch_add(1, std::memory_order_acq_rel);
@@ -301,14 +302,20 @@ struct posted_sends {
 
   std::span<const std::unique_ptr<posted_send>> batch() const { return {records.data(), count}; }
 
-  // Posts every send of `ops` (reusing the records).
+  // Posts every send of `ops` (reusing the records). Should it throw, records[0, count) are
+  // exactly those in mailboxes, for retract().
   void post(thread_group_state& group, int rank, std::span<const p2p_op> ops) {
     count = 0;
     peers.clear();
+    const auto sends =
+        static_cast<std::size_t>(std::count_if(ops.begin(), ops.end(), [](const p2p_op& op) {
+          return op.direction == p2p_op::kind::send;
+        }));
+    while (records.size() < sends) records.push_back(std::make_unique<posted_send>());
+    peers.reserve(sends);
     for (const p2p_op& op : ops) {
       if (op.direction != p2p_op::kind::send) continue;
-      if (count == records.size()) records.push_back(std::make_unique<posted_send>());
-      posted_send& posted = *records[count++];
+      posted_send& posted = *records[count];
       posted.source = rank;
       posted.tag = op.tag;
       posted.buffer = op.buffer;
@@ -319,8 +326,9 @@ struct posted_sends {
         box.sends.push_back(&posted);
         box.waiting.store(static_cast<std::int64_t>(box.sends.size()), std::memory_order_release);
       }
+      ++count;
+      peers.push_back(op.peer);  // reserved: does not throw
       if (box.sleepers.load(std::memory_order_seq_cst) > 0) box.changed.notify_all();
-      peers.push_back(op.peer);
     }
   }
 
@@ -330,9 +338,11 @@ struct posted_sends {
     return true;
   }
 
-  // Waits until every receiver has copied its send; a send not taken within the world's timeout
-  // aborts the world, a refused one (size or type) throws. Either way comm_error.
-  void await(thread_group_state& group, int rank, wait_style style) const {
+  // Waits until every receiver has copied its send; a send not taken by `deadline` (default: the
+  // world's timeout from now) aborts the world, a refused one (size or type) throws. Either way
+  // comm_error.
+  void await(thread_group_state& group, int rank, wait_style style,
+             std::chrono::steady_clock::time_point deadline = {}) const {
     auto& world = *group.world;
     const int world_rank = group.world_ranks[rank];
     auto& own = group.mailboxes[rank];
@@ -348,7 +358,8 @@ struct posted_sends {
                 rank, peers[s], posted.tag, world.timeout.count());
             world.abort(world_rank, message);
             throw comm_error(message);
-          });
+          },
+          deadline);
       if (posted.state.load(std::memory_order_acquire) == 3) {
         throw comm_error(format_message(
             "quintet: thread_comm send from rank {} to rank {} (tag {}): {} {} elements sent, but "
@@ -387,7 +398,10 @@ class thread_operation final : public pending_operation {
  public:
   thread_operation(std::shared_ptr<thread_group_state> group, int rank,
                    std::shared_ptr<thread_operation> previous)
-      : group_(std::move(group)), rank_(rank), previous_(std::move(previous)) {}
+      : group_(std::move(group)),
+        rank_(rank),
+        previous_(std::move(previous)),
+        deadline_(std::chrono::steady_clock::now() + group_->world->timeout) {}
 
   posted_sends& sends() { return sends_; }
   void set_queued(std::shared_ptr<pending_operation> queued) { queued_ = std::move(queued); }
@@ -397,9 +411,14 @@ class thread_operation final : public pending_operation {
     if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
   }
 
+  // Also true once wait() would throw at once: the world was aborted, or a send has waited past
+  // the world's timeout from its issue (a peer that failed never takes it).
   bool ready() override {
+    if (group_->world->aborted.load(std::memory_order_acquire)) return true;
     for (thread_operation* op = this; op != nullptr && !op->completed_; op = op->previous_.get()) {
-      if ((op->queued_ && !op->queued_->ready()) || !op->sends_.delivered()) return false;
+      // The queued part ends by itself (its data, an abort or its own timeout).
+      if (op->queued_ && !op->queued_->ready()) return false;
+      if (!op->sends_.delivered() && std::chrono::steady_clock::now() < op->deadline_) return false;
     }
     return true;
   }
@@ -423,7 +442,7 @@ class thread_operation final : public pending_operation {
     try {
       if (queued_) queued_->wait();
       // Polls only where the world has cores to spare (its spin budget), then yields and sleeps.
-      sends_.await(*group_, rank_, wait_style::poll);
+      sends_.await(*group_, rank_, wait_style::poll, deadline_);
     } catch (...) {
       sends_.retract(*group_);
       error_ = std::current_exception();
@@ -437,7 +456,8 @@ class thread_operation final : public pending_operation {
   int rank_;
   std::shared_ptr<thread_operation> previous_;  // null once complete
   posted_sends sends_;
-  std::shared_ptr<pending_operation> queued_;  // null when nothing was queued
+  std::shared_ptr<pending_operation> queued_;       // null when nothing was queued
+  std::chrono::steady_clock::time_point deadline_;  // issued + the world's timeout
   std::exception_ptr error_;
   bool completed_ = false;
 };
@@ -746,8 +766,8 @@ class thread_comm : public communicator_api<thread_comm, host> {
   void run_exchange(std::span<const p2p_op> ops) {
     auto& world = *group_->world;
     if (world.aborted.load(std::memory_order_acquire)) world.raise_aborted(world_rank());
-    sends_.post(*group_, rank_, ops);
     try {
+      sends_.post(*group_, rank_, ops);
       for (const p2p_op& op : ops) {
         if (op.direction == p2p_op::kind::recv) receive(op);
       }
