@@ -383,7 +383,7 @@ class runtime {
       // A compute waits for the whole batch holding its input: a receive ends its batch, so it
       // never waits on a later receive too (the peer's next micro-batch). Sends ride with the
       // receive that follows them.
-      if (a.kind == action_kind::recv_forward || a.kind == action_kind::recv_backward) flush();
+      if (is_recv(a.kind)) flush();  // (context moves went on above)
     }
     if (!ops.empty()) {
       batches.back().request = pp_->exchange_async(ops);
