@@ -8,6 +8,9 @@
 //               backward's two passes (input, then weight) vs the fused backward.
 //   attention   forward + backward through block products vs the row-at-a-time loops (the
 //               straightforward form, which bf16 still uses) on the same float operands.
+//   optimizer   over a GPT's parameters: AdamW and the squared norms of every gradient as one
+//               list call vs one call per parameter (the same operations: the bits compared
+//               outside the timing), at the small and the 124M shape of bench_train_step.
 //   row kernels on an instruction set (kernels/host/isa.hpp): GELU, softmax, layer norm and
 //               cross-entropy on one thread compiled for AVX2 or AVX-512 vs their baseline build
 //               (SSE2), same operands: the speedup, and the bits compared outside the timing.
@@ -20,7 +23,9 @@
 #include <quintet/kernels/execution.hpp>
 #include <quintet/kernels/layer_norm.hpp>
 #include <quintet/kernels/matmul.hpp>
+#include <quintet/kernels/optimizer.hpp>
 #include <quintet/kernels/softmax.hpp>
+#include <quintet/kernels/squared_norm.hpp>
 #include <quintet/tensor/fill.hpp>
 #include <quintet/tensor/random.hpp>
 #include <quintet/tensor/slice.hpp>
@@ -36,6 +41,7 @@
 #include <iterator>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 using quintet::execution;
 using quintet::host;
@@ -436,6 +442,88 @@ void row_kernel_isa(benchmark::State& state) {
   state.counters["speedup"] = reference / ours;
 }
 
+// The parameter shapes of a GPT (untied head): embeddings, per layer two layer norms, the fused
+// qkv, attention and MLP projections with biases, the final layer norm and the head.
+std::vector<shape> gpt_parameter_shapes(std::int64_t layers, std::int64_t d, std::int64_t vocab,
+                                        std::int64_t positions) {
+  std::vector<shape> shapes = {shape{vocab, d}, shape{positions, d}};
+  for (std::int64_t l = 0; l < layers; ++l) {
+    for (const shape& s : {shape{d}, shape{d}, shape{3 * d, d}, shape{3 * d}, shape{d, d},
+                           shape{d}, shape{d}, shape{d}, shape{4 * d, d}, shape{4 * d},
+                           shape{d, 4 * d}, shape{d}})
+      shapes.push_back(s);
+  }
+  for (const shape& s : {shape{d}, shape{d}, shape{vocab, d}}) shapes.push_back(s);
+  return shapes;
+}
+
+// Arguments: shape (0: 4 layers, d 256, vocab 256, 64 positions; 1: GPT-2 124M, 12 layers, d 768,
+// vocab 50257, 1024 positions), kernel (0: AdamW, 1: squared norms). Every core. The list call
+// vs a loop of one-tensor calls over the same parameters; for AdamW each keeps its own parameters
+// and moments, both at step 1, so both copies stay equal bit for bit (checked after the timing).
+void optimizer_over_parameters(benchmark::State& state) {
+  const bool gpt2 = state.range(0) == 1;
+  const bool adamw = state.range(1) == 0;
+  state.SetLabel(std::string(gpt2 ? "gpt2_124m" : "small") + (adamw ? "/adamw" : "/squared_norms"));
+  const auto shapes =
+      gpt2 ? gpt_parameter_shapes(12, 768, 50257, 1024) : gpt_parameter_shapes(4, 256, 256, 64);
+  const auto exec = execution<host>::all_cores();
+  std::vector<tensor<float, host>> grad, param[2], m[2], v[2];
+  std::int64_t elements = 0;
+  std::uint64_t stream = 0;
+  for (const shape& s : shapes) {
+    elements += s.numel();
+    grad.emplace_back(s);
+    quintet::fill_uniform(grad.back(), {.seed = 8, .stream = ++stream}, -1.0, 1.0);
+    for (int copy = 0; copy < (adamw ? 2 : 0); ++copy) {
+      param[copy].emplace_back(s);
+      quintet::fill_uniform(param[copy].back(), {.seed = 8, .stream = stream}, -0.1, 0.1);
+      m[copy].emplace_back(s);
+      v[copy].emplace_back(s);
+      quintet::fill(m[copy].back(), 0.0f);
+      quintet::fill(v[copy].back(), 0.0f);
+    }
+  }
+  const k::adamw_hyperparameters hp{.lr = 1e-3, .weight_decay = 0.1};
+  std::vector<k::adamw_operands<float, host>> list;
+  std::vector<quintet::tensor_view<const float, host>> grads;
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    if (adamw) list.push_back({param[0][i], grad[i], m[0][i], v[0][i], true});
+    grads.push_back(grad[i]);
+  }
+  std::vector<double> list_sums, one_sums(shapes.size());
+  double ours = 0, reference = 0;
+  if (adamw) {
+    interleaved(
+        state, [&] { k::adamw_update(exec, list, hp, 1); },
+        [&] {
+          for (std::size_t i = 0; i < shapes.size(); ++i)
+            k::adamw_update(exec, param[1][i], grad[i], m[1][i], v[1][i], hp, 1);
+        },
+        ours, reference);
+    for (std::size_t i = 0; i < shapes.size(); ++i)
+      if (std::memcmp(param[0][i].data(), param[1][i].data(), param[0][i].bytes()) != 0 ||
+          std::memcmp(m[0][i].data(), m[1][i].data(), m[0][i].bytes()) != 0 ||
+          std::memcmp(v[0][i].data(), v[1][i].data(), v[0][i].bytes()) != 0)
+        state.SkipWithError("the list update differs from the one-tensor updates");
+  } else {
+    interleaved(
+        state, [&] { list_sums = k::squared_norms(exec, grads); },
+        [&] {
+          for (std::size_t i = 0; i < shapes.size(); ++i)
+            one_sums[i] = k::squared_norm(exec, grad[i]);
+        },
+        ours, reference);
+    if (std::memcmp(list_sums.data(), one_sums.data(), one_sums.size() * sizeof(double)) != 0)
+      state.SkipWithError("the list's squared norms differ from the one-tensor ones");
+  }
+  state.counters["tensors"] = static_cast<double>(shapes.size());
+  state.counters["elements"] = static_cast<double>(elements);
+  state.counters["per_tensor_ms"] = 1e3 * reference;
+  state.counters["list_ms"] = 1e3 * ours;
+  state.counters["speedup"] = reference / ours;
+}
+
 void row_arguments(benchmark::internal::Benchmark* b) {
   b->Args({8192, 768})->Args({2048, 4096})->Args({1024, 50304});
   b->Unit(benchmark::kMillisecond)->UseManualTime();
@@ -457,6 +545,11 @@ BENCHMARK(attention)
 
 BENCHMARK(gpt2_124m_products)
     ->DenseRange(0, static_cast<int>(std::size(step_products)) - 1)
+    ->Unit(benchmark::kMillisecond)
+    ->UseManualTime();
+
+BENCHMARK(optimizer_over_parameters)
+    ->ArgsProduct({{0, 1}, {0, 1}})
     ->Unit(benchmark::kMillisecond)
     ->UseManualTime();
 

@@ -74,4 +74,25 @@ bool same_bits(const tensor<T, host>& a, const tensor<T, host>& b) {
          std::memcmp(a.data(), b.data(), static_cast<std::size_t>(a.numel()) * sizeof(T)) == 0;
 }
 
+// Kernels that round every operation on their own in the host loop's order (cuda/unfused.cuh):
+// where the host compiler cannot fuse a * b + c either (x86-64 without FMA, g++'s default target)
+// the two give the same bits; elsewhere (a host with FMA may contract) they agree within the
+// tolerance.
+#if defined(__x86_64__) && !defined(__FMA__)
+inline constexpr bool host_rounds_every_operation = true;
+#else
+inline constexpr bool host_rounds_every_operation = false;
+#endif
+
+template <class T>
+void require_twin(const tensor<T, host>& got, const tensor<T, host>& want, double rtol, double atol,
+                  const char* what) {
+  INFO(what);
+  if constexpr (host_rounds_every_operation) {
+    REQUIRE(same_bits(got, want));
+  } else {
+    require_close(got, want, rtol, atol, what);
+  }
+}
+
 }  // namespace quintet::gpu_test

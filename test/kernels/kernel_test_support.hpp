@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <type_traits>
@@ -100,6 +101,13 @@ inline double weighted_sum(const tensor<double, host>& y, const tensor<double, h
   double total = 0.0;
   for (std::int64_t i = 0; i < y.numel(); ++i) total += y.data()[i] * w.data()[i];
   return total;
+}
+
+// The same shape and elements, bit for bit.
+template <class T>
+bool same_bits(const tensor<T, host>& a, const tensor<T, host>& b) {
+  return a.shape() == b.shape() &&
+         std::memcmp(a.data(), b.data(), static_cast<std::size_t>(a.numel()) * sizeof(T)) == 0;
 }
 
 }  // namespace kernel_test

@@ -21,16 +21,6 @@ using namespace kernel_test;
 using quintet::execution;
 namespace k = quintet::kernels;
 
-namespace {
-
-template <class T>
-bool same_bits(const tensor<T, host>& a, const tensor<T, host>& b) {
-  return a.numel() == b.numel() &&
-         std::memcmp(a.data(), b.data(), static_cast<std::size_t>(a.numel()) * sizeof(T)) == 0;
-}
-
-}  // namespace
-
 TEST_CASE("parallel_for covers the range once, in at most one part per thread",
           "[kernels][execution]") {
   const execution<host> exec(3);

@@ -77,12 +77,6 @@ layer_norm_gradients layer_norm_backward_reference(const std::vector<double>& x,
   return want;
 }
 
-template <class T>
-bool same_bits(const tensor<T, host>& a, const tensor<T, host>& b) {
-  return a.shape() == b.shape() &&
-         std::memcmp(a.data(), b.data(), static_cast<std::size_t>(a.numel()) * sizeof(T)) == 0;
-}
-
 std::vector<double> softmax_reference(const std::vector<double>& x, std::int64_t n) {
   std::vector<double> y(x.size());
   for (std::size_t r = 0; r < x.size() / n; ++r) {

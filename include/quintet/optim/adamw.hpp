@@ -30,6 +30,7 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace quintet::optim {
 
@@ -103,26 +104,29 @@ class adamw {
   }
 
   // One update of every parameter's owned range with learning rate `lr` and gradient
-  // grad_scale * grad (the clipping factor).
+  // grad_scale * grad (the clipping factor): one pass over them all (kernels::adamw_update's list).
   void step(double lr, double grad_scale = 1.0) {
     QUINTET_CHECK(registry_.size() == states_.size(),
                   "adamw: the registry holds {} parameters but the optimizer was built for {}",
                   registry_.size(), states_.size());
     ++steps_;
+    std::vector<kernels::adamw_operands<T, Device>> list;
+    list.reserve(registry_.size());
     for (auto& p : registry_) {
-      kernels::adamw_hyperparameters hp = hyperparameters_;
-      hp.lr = lr;
-      if (p.decay == nn::weight_decay::exempt) hp.weight_decay = 0.0;  // biases, norms
       moments& state = find(p.name);
+      const bool decays = p.decay != nn::weight_decay::exempt;  // not biases and norms
       if (state.whole) {
-        kernels::adamw_update(exec_, p.value, p.grad, state.m, state.v, hp, steps_, grad_scale);
+        list.push_back({p.value, p.grad, state.m, state.v, decays});
       } else if (state.range.size() > 0) {
-        kernels::adamw_update(
-            exec_, state.value.data() != nullptr ? state.value : range_of(p.value, state.range),
-            state.gradient.data() != nullptr ? state.gradient : range_of(p.grad, state.range),
-            state.m, state.v, hp, steps_, grad_scale);
+        list.push_back(
+            {state.value.data() != nullptr ? state.value : range_of(p.value, state.range),
+             state.gradient.data() != nullptr ? state.gradient : range_of(p.grad, state.range),
+             state.m, state.v, decays});
       }
     }
+    kernels::adamw_hyperparameters hp = hyperparameters_;
+    hp.lr = lr;
+    kernels::adamw_update(exec_, list, hp, steps_, grad_scale);
   }
 
   // The moments as they stand, for a checkpoint to save or restore them (allocated here if the

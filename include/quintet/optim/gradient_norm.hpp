@@ -9,6 +9,7 @@
 #include <quintet/nn/parameter.hpp>
 
 #include <cmath>
+#include <vector>
 
 namespace quintet::optim {
 
@@ -18,14 +19,16 @@ double global_gradient_norm(const execution<Device>& exec,
   QUINTET_CHECK(!registry.gradients_released(),
                 "global_gradient_norm: the gradient buffers were released (ZeRO-2 between steps); "
                 "the norm of a sharded gradient is the data-parallel runtime's");
-  double squares = 0.0;
+  std::vector<tensor_view<const T, Device>> grads;
   for (const auto& p : registry) {
     QUINTET_CHECK(p.placement.is_replicated(),
                   "global_gradient_norm: parameter '{}' is sharded; its norm must be reduced over "
                   "the mesh by the parallel plan",
                   p.name);
-    squares += kernels::squared_norm(exec, p.grad);
+    grads.push_back(p.grad);
   }
+  double squares = 0.0;  // added in registration order
+  for (const double sum : kernels::squared_norms(exec, grads)) squares += sum;
   return std::sqrt(squares);
 }
 

@@ -38,13 +38,14 @@ class sgd {
     QUINTET_CHECK(registry_.size() == momentum_.size(),
                   "sgd: the registry holds {} parameters but the optimizer was built for {}",
                   registry_.size(), momentum_.size());
+    std::vector<kernels::sgd_operands<T, Device>> list;
+    list.reserve(registry_.size());
     std::size_t i = 0;
-    for (auto& p : registry_) {
-      kernels::sgd_hyperparameters hp = hyperparameters_;
-      hp.lr = lr;
-      if (p.decay == nn::weight_decay::exempt) hp.weight_decay = 0.0;  // biases, norms
-      kernels::sgd_update(exec_, p.value, p.grad, momentum_[i++], hp, grad_scale);
-    }
+    for (auto& p : registry_)  // weight decay not on biases and norms
+      list.push_back({p.value, p.grad, momentum_[i++], p.decay != nn::weight_decay::exempt});
+    kernels::sgd_hyperparameters hp = hyperparameters_;
+    hp.lr = lr;
+    kernels::sgd_update(exec_, list, hp, grad_scale);  // one pass over every parameter
   }
 
  private:

@@ -90,6 +90,8 @@ double global_gradient_norm(const execution<Device>& exec,
   // add up over it); sets in order of their bits, the replicated set first.
   const mesh_axis_set over_stages = pipelined ? mesh_axis_set{mesh_axis::pp} : mesh_axis_set{};
   std::map<mesh_axis_set, double> squares;
+  std::vector<mesh_axis_set> sets;  // of the gradients counted here, in registration order
+  std::vector<tensor_view<const T, Device>> grads;
   for (const auto& p : registry) {
     const std::vector<int> held = p.placement.stages();
     if constexpr (pipelined) {
@@ -113,8 +115,11 @@ double global_gradient_norm(const execution<Device>& exec,
                   "global_gradient_norm: parameter '{}' is sharded over {}, but the plan {} runs "
                   "on {} only",
                   p.name, name_of(sharded), Plan::name(), name_of(Plan::axes));
-    squares[sharded | over_stages] += kernels::squared_norm(exec, p.grad);
+    sets.push_back(sharded | over_stages);
+    grads.push_back(p.grad);
   }
+  const std::vector<double> sums = kernels::squared_norms(exec, grads);
+  for (std::size_t i = 0; i < sums.size(); ++i) squares[sets[i]] += sums[i];
   if constexpr (pipelined) {
     // Every pp rank reduces the same sets, in the same order, whichever parameters it holds.
     squares.try_emplace(over_stages, 0.0);

@@ -66,33 +66,6 @@ __device__ inline void store_pack(T* first, const lane_pack<T, Lanes>& pack) {
   *reinterpret_cast<word*>(first) = bits;
 }
 
-// op.template apply<Lanes>(first) on each chunk of Lanes elements, op.template apply<1>(i) on
-// each tail element: for kernels that write several outputs per element (the optimizers), whose
-// apply loads and stores a pack of each operand.
-template <int Lanes, class Op>
-__global__ void chunked_for_each_kernel(chunked_range range, Op op) {
-  const std::int64_t thread = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  const std::int64_t threads = std::int64_t{gridDim.x} * blockDim.x;
-  for_each_share(
-      range, thread, threads, [&](std::int64_t first) { op.template apply<Lanes>(first); },
-      [&](std::int64_t i) { op.template apply<1>(i); });
-}
-
-// The launch: chunks of Lanes when `aligned` (every operand aligned for them), else single
-// elements.
-template <int Lanes, class Op>
-void chunked_for_each(const execution<cuda>& exec, std::int64_t count, bool aligned, Op op) {
-  if (count == 0) return;
-  const chunked_range range{count, aligned ? Lanes : 1};
-  const unsigned blocks = quintet::detail::elementwise_blocks(range.work_items());
-  constexpr int threads = quintet::detail::elementwise_threads;
-  if (aligned)
-    chunked_for_each_kernel<Lanes><<<blocks, threads, 0, exec.native()>>>(range, op);
-  else
-    chunked_for_each_kernel<1><<<blocks, threads, 0, exec.native()>>>(range, op);
-  QUINTET_CUDA_CHECK(cudaGetLastError());
-}
-
 template <int Lanes, class Out, class F, class... In>
 __global__ void map_kernel(chunked_range range, F f, Out* out, const In*... in) {
   const std::int64_t thread = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x;

@@ -24,7 +24,8 @@ inline constexpr int vector_lanes = static_cast<int>(vector_access_bytes /
 
 // True when a chunk of `lanes` elements of `element_bytes` each, starting at `pointer`, is aligned
 // for one access: the chunks of an operand start at pointer, pointer + lanes, ... elements.
-inline bool chunk_aligned(const void* pointer, int lanes, std::size_t element_bytes) {
+QUINTET_HOST_DEVICE inline bool chunk_aligned(const void* pointer, int lanes,
+                                             std::size_t element_bytes) {
   return reinterpret_cast<std::uintptr_t>(pointer) %
              (static_cast<std::size_t>(lanes) * element_bytes) ==
          0;

@@ -89,26 +89,4 @@ double squared_norm_of_chunk(const T* x, std::int64_t count) {
   });
 }
 
-inline std::int64_t squared_norm_chunks(std::int64_t count) {
-  return (count + squared_norm_chunk - 1) / squared_norm_chunk;
-}
-
-// The sums of chunks [first, last) of x (count elements in all) into sums[first .. last).
-template <class T>
-void squared_norm_chunk_sums(const T* x, std::int64_t count, std::int64_t first, std::int64_t last,
-                             double* sums) {
-  for (std::int64_t c = first; c < last; ++c) {
-    const std::int64_t begin = c * squared_norm_chunk;
-    sums[c] = squared_norm_of_chunk(x + begin, std::min(squared_norm_chunk, count - begin));
-  }
-}
-
-template <class T>
-double squared_norm(const T* x, std::int64_t count) {
-  double sum = 0.0;
-  for (std::int64_t begin = 0; begin < count; begin += squared_norm_chunk)
-    sum += squared_norm_of_chunk(x + begin, std::min(squared_norm_chunk, count - begin));
-  return sum;
-}
-
 }  // namespace quintet::kernels::host_impl

@@ -378,6 +378,8 @@ class data_parallel_runtime {
     // Each rank's shard: a parameter's owned range is unique over its bucket's group, and its
     // blocks over its sharded axes; summed over the union of the two (and pp).
     std::map<mesh_axis_set, double> squares;
+    std::vector<mesh_axis_set> sets;  // of the owned ranges counted here, in order
+    std::vector<tensor_view<const T, Device>> ranges;
     auto& buckets = registry_.buckets();
     for (std::size_t b = 0; b < buckets.size(); ++b) {
       const auto& bucket = buckets[b];
@@ -387,13 +389,15 @@ class data_parallel_runtime {
         const auto* p = bucket.parameters[i];
         const mesh_axis_set axes = p->placement.sharded_axes() | bucket.partial_axes | over_stages;
         const flat_range owned = owned_range(bucket.offsets[i], numel_of(*p), mine);
-        double& sum = squares[axes];
+        squares.try_emplace(axes, 0.0);
         if (owned.size() == 0 || !counted_here(*p)) continue;
         const std::int64_t in_shard = bucket.offsets[i] + owned.begin - mine.begin;
-        sum += kernels::squared_norm(exec,
-                                     slice(reduced_shard(b), 0, in_shard, in_shard + owned.size()));
+        sets.push_back(axes);
+        ranges.push_back(slice(reduced_shard(b), 0, in_shard, in_shard + owned.size()));
       }
     }
+    const std::vector<double> sums = kernels::squared_norms(exec, ranges);
+    for (std::size_t i = 0; i < sums.size(); ++i) squares[sets[i]] += sums[i];
     if constexpr (pipelined) unite_over_pp(mesh_, squares);
     return std::sqrt(sum_over_groups(mesh_, squares));
   }
