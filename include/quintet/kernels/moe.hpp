@@ -1,4 +1,4 @@
-// Mixture-of-experts routing and dispatch. Host only so far.
+// Mixture-of-experts routing and dispatch. Host here; cuda in <quintet/kernels/cuda/moe.cuh>.
 //
 //   router_softmax           logits (tokens, E) -> probs (tokens, E), lse (tokens)
 //   route_top_k              probs -> per (token, slot): expert, gate, row in the permuted buffer
@@ -35,8 +35,9 @@ namespace quintet::kernels {
 template <class Device>
 struct moe_engine {
   static_assert(quintet::detail::always_false<Device>,
-                "the mixture-of-experts kernels (routing, permutation, grouped products) have only "
-                "a host implementation: their CUDA twins are not written yet");
+                "the mixture-of-experts kernels (routing, permutation, grouped products) on this "
+                "device need their implementation: for quintet::cuda include "
+                "<quintet/kernels/cuda/moe.cuh> in a translation unit compiled by nvcc");
 };
 
 template <>

@@ -435,7 +435,8 @@ class moe {
   routing_statistics last_;
 };
 
-// The MoE layer on a device whose routing and permutation kernels are not written yet (cuda):
+// The MoE layer on a device it does not run on yet (cuda: the kernels exist, in
+// kernels/cuda/moe.cuh, but the router and the layer read the routing counts as host tensors):
 // building one raises an error naming what is missing, so a model with experts fails at
 // construction; its members exist only for the block's code to compile and are never reached.
 template <class T, class Device>
@@ -444,8 +445,9 @@ class moe_not_built {
   template <class... Args>
   explicit moe_not_built(Args&&...) {
     QUINTET_FAIL(
-        "nn::moe on {}: the mixture-of-experts routing and permutation kernels run on the host "
-        "only (their {} twins are not written yet); train models with experts on the host",
+        "nn::moe on {}: the mixture-of-experts layer runs on the host only (its router and "
+        "dispatch read the routing counts as host tensors; the {} kernels exist but the layer "
+        "does not use them yet); train models with experts on the host",
         Device::name, Device::name);
   }
   quintet::tensor<T, Device> forward(context<Device>&, tensor_view<const T, Device>) {

@@ -132,8 +132,9 @@ inline std::int64_t expert_capacity(double capacity_factor, std::int64_t tokens,
 template <class T, class Device>
 class router {
   static_assert(std::is_same_v<Device, host>,
-                "nn::router runs on the host so far: its routing reads the router's probabilities "
-                "on the host (the CUDA routing kernels are not written yet)");
+                "nn::router runs on the host so far: it adjusts the routing's positions and reads "
+                "the routed and kept counts as host tensors (the CUDA routing kernels exist, in "
+                "kernels/cuda/moe.cuh, but the router does not use them yet)");
 
  public:
   router(parameter_registry<T, Device>& registry, const execution<Device>& exec, std::string name,
