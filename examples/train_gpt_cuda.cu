@@ -10,6 +10,7 @@
 #include <quintet/kernels/cuda/embedding.cuh>
 #include <quintet/kernels/cuda/layer_norm.cuh>
 #include <quintet/kernels/cuda/matmul.cuh>
+#include <quintet/kernels/cuda/moe.cuh>
 #include <quintet/kernels/cuda/optimizer.cuh>
 #include <quintet/kernels/cuda/softmax.cuh>
 #include <quintet/kernels/cuda/squared_norm.cuh>

@@ -400,6 +400,41 @@ TEST_CASE("capacity drops the documented tokens, by probability or by position",
   }
 }
 
+TEST_CASE("route_top_k numbers the kept rows from first_row, counts unchanged", "[nn][moe]") {
+  // 4 tokens, 3 experts, top-2, capacity 2, the least probable over capacity dropped: expert 0
+  // keeps tokens 1, 3 (drops 0), expert 1 tokens 0, 2 (drops 3), expert 2 tokens 1, 2.
+  host_tensor probs(shape{4, 3});
+  const double ps[] = {0.5, 0.3, 0.2, 0.6, 0.1, 0.3, 0.2, 0.5, 0.3, 0.7, 0.2, 0.1};
+  std::copy(std::begin(ps), std::end(ps), probs.data());
+  const std::vector<std::int32_t> from_zero = {-1, 2, 0, 4, 3, 5, 1, -1};
+  for (const std::int64_t first_row : {0, 7}) {
+    INFO("first row " << first_row);
+    quintet::tensor<std::int32_t, host> expert(shape{4, 2}), position(shape{4, 2});
+    host_tensor gate(shape{4, 2});
+    quintet::tensor<std::int64_t, host> routed(shape{3}), kept(shape{3});
+    quintet::kernels::route_top_k(
+        exec, probs, expert, gate, position, routed, kept,
+        {.k = 2, .capacity = 2, .drop = drop_order::lowest_probability, .first_row = first_row});
+    for (std::size_t i = 0; i < from_zero.size(); ++i)
+      REQUIRE(position.data()[i] ==
+              (from_zero[i] < 0 ? -1 : from_zero[i] + static_cast<std::int32_t>(first_row)));
+    REQUIRE(std::vector<std::int64_t>(routed.data(), routed.data() + 3) ==
+            std::vector<std::int64_t>{3, 3, 2});
+    REQUIRE(std::vector<std::int64_t>(kept.data(), kept.data() + 3) ==
+            std::vector<std::int64_t>{2, 2, 2});
+  }
+  quintet::tensor<std::int32_t, host> expert(shape{4, 2}), position(shape{4, 2});
+  host_tensor gate(shape{4, 2});
+  quintet::tensor<std::int64_t, host> routed(shape{3}), kept(shape{3});
+  REQUIRE_THROWS_WITH(quintet::kernels::route_top_k(exec, probs, expert, gate, position, routed,
+                                                    kept, {.k = 2, .first_row = -1}),
+                      Catch::Contains("first row -1 is negative"));
+  REQUIRE_THROWS_WITH(
+      quintet::kernels::route_top_k(exec, probs, expert, gate, position, routed, kept,
+                                    {.k = 2, .first_row = std::int64_t{1} << 31}),
+      Catch::Contains("8 assignments from row 2147483648 exceed the int32 positions"));
+}
+
 TEST_CASE("dropless routing never drops, whatever the load", "[nn][moe]") {
   for (const std::int64_t k : {1, 2, 4}) {
     registry_of<double> registry(91);

@@ -1,5 +1,5 @@
 // Slices along every dimension, equal chunks, and copies between strided layouts, checked against
-// element-by-element index arithmetic.
+// element-by-element index arithmetic; values_on_host against the same.
 #include <catch2/catch.hpp>
 
 #include <quintet/tensor/copy.hpp>
@@ -8,6 +8,7 @@
 #include <quintet/tensor/tensor.hpp>
 
 #include <cstdint>
+#include <vector>
 
 using quintet::host;
 using quintet::shape;
@@ -111,6 +112,18 @@ TEST_CASE("copy handles a strided innermost dimension and rank 0", "[tensor][cop
   quintet::fill(scalar_a, 2.5);
   quintet::copy(scalar_b, scalar_a);
   CHECK(scalar_b() == 2.5);
+}
+
+TEST_CASE("values_on_host lists a strided view's elements in row-major order", "[tensor][copy]") {
+  const auto t = numbered(shape{3, 4, 5});
+  const auto middle = quintet::slice(quintet::slice(t, 1, 1, 3), 2, 2, 5);  // (3, 2, 3)
+  const std::vector<int> values = quintet::values_on_host(middle);
+  REQUIRE(values.size() == 18);
+  std::size_t at = 0;
+  for (std::int64_t i = 0; i < 3; ++i)
+    for (std::int64_t j = 0; j < 2; ++j)
+      for (std::int64_t k = 0; k < 3; ++k) REQUIRE(values[at++] == t(i, j + 1, k + 2));
+  REQUIRE(quintet::values_on_host(quintet::slice(t, 0, 1, 1)).empty());
 }
 
 TEST_CASE("copy rejects mismatched shapes naming both", "[tensor][copy]") {

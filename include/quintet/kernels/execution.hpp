@@ -51,6 +51,9 @@ class execution<host> {
 
   int threads() const { return threads_; }
   host_isa isa() const { return isa_; }
+  // A host kernel has finished when it returns: nothing to wait for. (Device-generic code calls
+  // this before it reads a kernel's results on the host.)
+  void synchronize() const {}
 
   // Elements of streaming work (a load or two and a store each) a part should hold at least:
   // below this, waking a worker costs more than it saves.

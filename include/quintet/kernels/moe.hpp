@@ -177,6 +177,7 @@ struct routing_options {
   std::int64_t k = 1;
   std::int64_t capacity = 0;  // tokens an expert keeps at most; 0: no limit
   drop_order drop = drop_order::lowest_probability;
+  std::int64_t first_row = 0;  // the permuted buffer's row of the first kept assignment
 };
 
 // Top-k choice (ties to the lower expert index), gates (k = 1: the probability; k >= 2:
@@ -207,8 +208,10 @@ void route_top_k(const execution<Device>& exec, const Probs& probs, Expert&& exp
   QUINTET_CHECK(options.k >= 1 && options.k <= experts,
                 "{}: top-{} routing needs 1 <= k <= the {} experts", kernel, options.k, experts);
   QUINTET_CHECK(options.capacity >= 0, "{}: capacity {} is negative", kernel, options.capacity);
-  QUINTET_CHECK(tokens * options.k <= std::numeric_limits<std::int32_t>::max(),
-                "{}: {} assignments exceed the int32 positions", kernel, tokens * options.k);
+  QUINTET_CHECK(options.first_row >= 0, "{}: first row {} is negative", kernel, options.first_row);
+  QUINTET_CHECK(options.first_row + tokens * options.k <= std::numeric_limits<std::int32_t>::max(),
+                "{}: {} assignments from row {} exceed the int32 positions", kernel,
+                tokens * options.k, options.first_row);
   detail::require_slots(ev, tokens, options.k, kernel, "expert");
   detail::require_slots(gv, tokens, options.k, kernel, "gate");
   detail::require_slots(qv, tokens, options.k, kernel, "position");
@@ -221,9 +224,9 @@ void route_top_k(const execution<Device>& exec, const Probs& probs, Expert&& exp
   check_same_device(pv, qv, kernel);
   check_same_device(pv, rv, kernel);
   check_same_device(pv, kv, kernel);
-  moe_engine<Device>::route_top_k(exec, pv.data(), ev.data(), gv.data(), qv.data(), rv.data(),
-                                  kv.data(),
-                                  {tokens, experts, options.k, options.capacity, options.drop});
+  moe_engine<Device>::route_top_k(
+      exec, pv.data(), ev.data(), gv.data(), qv.data(), rv.data(), kv.data(),
+      {tokens, experts, options.k, options.capacity, options.drop, options.first_row});
 }
 
 // The Switch load-balancing loss experts * sum_e f_e P_e (f_e = routed_e / (tokens k), P_e the
@@ -248,7 +251,7 @@ router_loss_values router_losses(const execution<Device>& exec, const Probs& pro
   require_shape(sv, shape{tokens}, kernel, "lse");
   require_shape(rv, shape{experts}, kernel, "routed");
   return moe_engine<Device>::router_losses(exec, pv.data(), sv.data(), rv.data(),
-                                           {tokens, experts, k, 0, drop_order{}});
+                                           {tokens, experts, k, 0, drop_order{}, 0});
 }
 
 // dlogits (tokens, experts) from dgate (tokens, k) through the gates, plus balance_weight times
@@ -289,7 +292,7 @@ void router_backward(const execution<Device>& exec, const Probs& probs, const Ls
   check_same_device(pv, dv, kernel);
   moe_engine<Device>::router_backward(exec, pv.data(), sv.data(), ev.data(), gv.data(), dgv.data(),
                                       rv.data(), balance_weight, z_weight, dv.data(),
-                                      {tokens, experts, k, 0, drop_order{}});
+                                      {tokens, experts, k, 0, drop_order{}, 0});
 }
 
 // rows (kept, d): row position[t, j] is x[t] (tokens, d) for every kept assignment.

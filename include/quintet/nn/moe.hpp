@@ -51,15 +51,13 @@
 #include <quintet/parallel/plan.hpp>
 #include <quintet/parallel/projections.hpp>
 #include <quintet/parallel/strategy.hpp>
+#include <quintet/tensor/copy.hpp>
 #include <quintet/tensor/reshape.hpp>
 #include <quintet/tensor/tensor.hpp>
 
-#include <algorithm>
 #include <cstdint>
 #include <numeric>
-#include <span>
 #include <string>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -178,7 +176,7 @@ class moe {
       const std::int64_t ranks = exchange_.ownership().ranks;
       auto& saved = ctx.template save<std::int64_t>(name_ + ".received",
                                                     shape{ranks, std::ssize(received) / ranks});
-      std::copy(received.begin(), received.end(), saved.data());
+      copy(saved, tensor_view<const std::int64_t, host>(received.data(), saved.shape()));
     }
     const std::vector<std::int64_t> offsets = group_offsets(ctx);
     const std::int64_t here = offsets.back();  // rows this rank's experts compute
@@ -372,14 +370,10 @@ class moe {
     }
   }
 
-  // The router's kept rows per expert (E), what this rank sends.
-  static std::span<const std::int64_t> kept_of(const context<Device>& ctx,
-                                               const std::string& name) {
-    const auto& kept = ctx.template get<std::int64_t>(name + ".kept");
-    return {kept.data(), static_cast<std::size_t>(kept.numel())};
-  }
-  std::span<const std::int64_t> kept_counts(const context<Device>& ctx) const {
-    return kept_of(ctx, router_.name());
+  // The router's kept rows per expert (E), what this rank sends. The counts are read on the host
+  // (from cuda: a small copy each time), since the grouped products' offsets are host numbers.
+  std::vector<std::int64_t> kept_counts(const context<Device>& ctx) const {
+    return values_on_host(ctx.template get<std::int64_t>(router_.name() + ".kept"));
   }
   std::int64_t sent_rows(const context<Device>& ctx) const {
     const auto kept = kept_counts(ctx);
@@ -387,13 +381,11 @@ class moe {
   }
   // The rows per group of the grouped products: per expert (serial), or per (source rank, local
   // expert), source-major (ep).
-  std::span<const std::int64_t> group_counts(const context<Device>& ctx) const {
-    if constexpr (expert_parallel) {
-      const auto& received = ctx.template get<std::int64_t>(name_ + ".received");
-      return {received.data(), static_cast<std::size_t>(received.numel())};
-    } else {
+  std::vector<std::int64_t> group_counts(const context<Device>& ctx) const {
+    if constexpr (expert_parallel)
+      return values_on_host(ctx.template get<std::int64_t>(name_ + ".received"));
+    else
       return kept_counts(ctx);
-    }
   }
   parallel::dispatch_counts counts(const context<Device>& ctx) const requires expert_parallel {
     return exchange_.counts(kept_counts(ctx), group_counts(ctx));
@@ -433,45 +425,6 @@ class moe {
   // Per expert: fc (hidden, d), (hidden); proj (d, hidden), (d) (under tp: hidden / tp of each).
   std::vector<parameter<T, Device>*> fc_weight_, fc_bias_, proj_weight_, proj_bias_;
   routing_statistics last_;
-};
-
-// The MoE layer on a device it does not run on yet (cuda: the kernels exist, in
-// kernels/cuda/moe.cuh, but the router and the layer read the routing counts as host tensors):
-// building one raises an error naming what is missing, so a model with experts fails at
-// construction; its members exist only for the block's code to compile and are never reached.
-template <class T, class Device>
-class moe_not_built {
- public:
-  template <class... Args>
-  explicit moe_not_built(Args&&...) {
-    QUINTET_FAIL(
-        "nn::moe on {}: the mixture-of-experts layer runs on the host only (its router and "
-        "dispatch read the routing counts as host tensors; the {} kernels exist but the layer "
-        "does not use them yet); train models with experts on the host",
-        Device::name, Device::name);
-  }
-  quintet::tensor<T, Device> forward(context<Device>&, tensor_view<const T, Device>) {
-    return never_built();
-  }
-  quintet::tensor<T, Device> backward(context<Device>&, tensor_view<const T, Device>, double) {
-    return never_built();
-  }
-  quintet::tensor<T, Device> backward_input(context<Device>&, tensor_view<const T, Device>,
-                                            double) {
-    return never_built();
-  }
-  void backward_weight(context<Device>&) { never_built(); }
-  void drop_input_pass_tensors(context<Device>&) { never_built(); }
-  const routing_statistics& statistics() const {
-    never_built();
-    return none_;
-  }
-
- private:
-  static quintet::tensor<T, Device> never_built() {
-    QUINTET_FAIL("nn::moe_not_built: a member was called on a layer that cannot be built");
-  }
-  routing_statistics none_;
 };
 
 }  // namespace quintet::nn

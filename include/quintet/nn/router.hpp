@@ -10,7 +10,9 @@
 // expert, then group 1's, ...: what G separate calls would route, in one call. A serial model with
 // G = dp routes a micro-batch exactly as dp ranks routing their rows each do (train/parity.hpp).
 //
-// What one forward decides is kept in the context (host tensors, read by the MoE layer):
+// What one forward decides is kept in the context, on the layer's device (read by the MoE layer).
+// The host gets copies of the counts (each group's kept ones fix where the next group's rows
+// start) and, where a capacity can drop assignments, of the positions, for the statistics:
 //   <name>.probs (tokens, E)      <name>.lse (tokens)
 //   <name>.expert (tokens, k) i32 <name>.gate (tokens, k)   <name>.position (tokens, k) i32
 //   <name>.routed (G, E) i64      <name>.kept (G, E) i64
@@ -22,6 +24,7 @@
 #include <quintet/nn/context.hpp>
 #include <quintet/nn/linear.hpp>
 #include <quintet/nn/parameter.hpp>
+#include <quintet/tensor/copy.hpp>
 #include <quintet/tensor/device.hpp>
 #include <quintet/tensor/reshape.hpp>
 #include <quintet/tensor/slice.hpp>
@@ -31,7 +34,6 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -131,11 +133,6 @@ inline std::int64_t expert_capacity(double capacity_factor, std::int64_t tokens,
 
 template <class T, class Device>
 class router {
-  static_assert(std::is_same_v<Device, host>,
-                "nn::router runs on the host so far: it adjusts the routing's positions and reads "
-                "the routed and kept counts as host tensors (the CUDA routing kernels exist, in "
-                "kernels/cuda/moe.cuh, but the router does not use them yet)");
-
  public:
   router(parameter_registry<T, Device>& registry, const execution<Device>& exec, std::string name,
          std::int64_t d_model, const router_options& options)
@@ -183,30 +180,34 @@ class router {
       const auto counts = [&](quintet::tensor<std::int64_t, Device>& t) {
         return reshape(slice(t, 0, g, g + 1), shape{experts});
       };
-      const auto group_position = slice(position, 0, first, last);
-      kernels::route_top_k(exec_, slice(probs, 0, first, last), slice(expert, 0, first, last),
-                           slice(gate, 0, first, last), group_position, counts(routed),
-                           counts(kept), {.k = k, .capacity = capacity, .drop = options_.drop});
+      kernels::route_top_k(
+          exec_, slice(probs, 0, first, last), slice(expert, 0, first, last),
+          slice(gate, 0, first, last), slice(position, 0, first, last), counts(routed),
+          counts(kept),
+          {.k = k, .capacity = capacity, .drop = options_.drop, .first_row = rows_before});
       const auto losses = kernels::router_losses(exec_, slice(probs, 0, first, last),
                                                  slice(lse, 0, first, last), counts(routed), k);
       load_balancing += losses.load_balancing;
       z += losses.z;
-      if (rows_before > 0) {  // the group's rows follow the earlier groups' in the buffer
-        std::int32_t* slots = group_position.data();
-        for (std::int64_t i = 0; i < group_tokens * k; ++i)
-          if (slots[i] >= 0) slots[i] += static_cast<std::int32_t>(rows_before);
-      }
+      exec_.synchronize();
+      const auto group_kept = values_on_host(counts(kept));  // where the next group's rows start
       for (std::int64_t e = 0; e < experts; ++e) {
-        stats.routed[e] += routed(g, e);
-        stats.kept[e] += kept(g, e);
-        rows_before += kept(g, e);
+        stats.kept[e] += group_kept[e];
+        rows_before += group_kept[e];
       }
     }
-    for (std::int64_t t = 0; t < tokens; ++t) {
-      const std::int32_t* slots = position.data() + t * k;
-      const auto lost = std::count(slots, slots + k, -1);
-      stats.dropped_assignments += lost;
-      if (lost == k) ++stats.dropped_tokens;
+    const auto all_routed = values_on_host(routed);  // (groups, experts)
+    for (std::int64_t i = 0; i < groups * experts; ++i) stats.routed[i % experts] += all_routed[i];
+    // Without a capacity nothing is dropped; with one, the tokens dropped by all their experts are
+    // counted from the positions.
+    if (capacity > 0) {
+      const auto positions = values_on_host(position);
+      for (std::int64_t t = 0; t < tokens; ++t) {
+        const std::int32_t* slots = positions.data() + t * k;
+        const auto lost = std::count(slots, slots + k, -1);
+        stats.dropped_assignments += lost;
+        if (lost == k) ++stats.dropped_tokens;
+      }
     }
     const auto per_group = static_cast<double>(groups);
     stats.load_balancing_loss = options_.load_balancing_coef * (load_balancing / per_group);

@@ -59,10 +59,7 @@ class transformer_block {
   // serial layer, one instantiation for every such plan.
   static constexpr bool parallel_moe =
       parallel::uses_expert_parallel<Plan> || parallel::uses_tensor_parallel<Plan>;
-  // The MoE layer runs on the host only so far (nn::moe_not_built says why).
-  using moe_type = std::conditional_t<
-      !std::is_same_v<Device, host>, moe_not_built<T, Device>,
-      std::conditional_t<parallel_moe, moe<T, Device, Plan, Mesh>, moe<T, Device>>>;
+  using moe_type = std::conditional_t<parallel_moe, moe<T, Device, Plan, Mesh>, moe<T, Device>>;
 
  public:
   transformer_block(parameter_registry<T, Device>& registry, const execution<Device>& exec,

@@ -1,6 +1,7 @@
 // copy(dst, src): elements from one tensor or view to another of the same shape and type, on the
 // same device or across devices (host <-> cuda). Either side may be strided; contiguous runs are
-// moved in as few memory operations as the two layouts allow.
+// moved in as few memory operations as the two layouts allow. values_on_host(src): the elements
+// of a tensor on any device, in row-major order, as a std::vector.
 #pragma once
 
 #include <quintet/core/error.hpp>
@@ -12,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <utility>
+#include <vector>
 
 namespace quintet {
 
@@ -57,6 +59,18 @@ void copy(Dst&& destination, const Src& source) {
     if (d < 0) break;
   }
   engine::finish(dst.stream(), src.stream());
+}
+
+// For the few numbers a host decision needs (counts, positions): from cuda, a copy that completes
+// before the call returns.
+template <class Src>
+  requires tensor_like<Src>
+auto values_on_host(const Src& source) {
+  const auto src = view_of(source);
+  using T = std::remove_const_t<typename decltype(src)::value_type>;
+  std::vector<T> values(static_cast<std::size_t>(src.numel()));
+  copy(tensor_view<T, host>(values.data(), src.shape()), src);
+  return values;
 }
 
 }  // namespace quintet

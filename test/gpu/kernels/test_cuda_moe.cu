@@ -1,9 +1,10 @@
 // The CUDA mixture-of-experts kernels against their host twins on Philox-random operands: the
 // router softmax within the exponential's last-ulp differences; routing from the same
 // probabilities (coarse ones, so ties occur) giving the host's integers exactly, with and without
-// capacity, both drop orders, k = 1, 2, 3; the losses within a reduction's rounding; the router's
-// backward and the permutations with the host's bits where the host rounds every operation (else
-// within a few ulps); the grouped products against the host's BLAS, empty groups included.
+// capacity, both drop orders, k = 1, 2, 3, the buffer's rows from 0 or a later first row; the
+// losses within a reduction's rounding; the router's backward and the permutations with the
+// host's bits where the host rounds every operation (else within a few ulps); the grouped
+// products against the host's BLAS, empty groups included.
 #include "../gpu_test_support.hpp"
 
 #include <catch2/catch.hpp>
@@ -68,7 +69,11 @@ void check_routing() {
       for (const k::drop_order drop : {k::drop_order::lowest_probability, k::drop_order::position}) {
         INFO("k " << top << " capacity " << capacity << " drop by "
                   << (drop == k::drop_order::position ? "position" : "probability"));
-        const k::routing_options options{.k = top, .capacity = capacity, .drop = drop};
+        // A later routing group's buffer rows start after the earlier groups' (first_row).
+        const k::routing_options options{.k = top,
+                                         .capacity = capacity,
+                                         .drop = drop,
+                                         .first_row = drop == k::drop_order::position ? 0 : 1000};
         const shape slots{tokens, top};
         tensor<std::int32_t, host> expert(slots), position(slots);
         tensor<T, host> gate(slots);

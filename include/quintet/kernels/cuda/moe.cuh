@@ -165,13 +165,14 @@ __global__ void __launch_bounds__(moe_threads)
 }
 
 // A thread per slot: a kept slot's position within its expert becomes its row in the buffer
-// (the kept rows of the experts before it come first).
+// (from first_row, the kept rows of the experts before it first).
 __global__ void expert_offsets_kernel(const std::int32_t* expert, const std::int64_t* kept,
-                                      std::int32_t* position, std::int64_t assignments) {
+                                      std::int32_t* position, std::int64_t assignments,
+                                      std::int64_t first_row) {
   for (std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < assignments;
        i += std::int64_t{gridDim.x} * blockDim.x) {
     if (position[i] < 0) continue;
-    std::int64_t offset = 0;
+    std::int64_t offset = first_row;
     for (std::int32_t e = 0; e < expert[i]; ++e) offset += kept[e];
     position[i] = static_cast<std::int32_t>(offset + position[i]);
   }
@@ -366,7 +367,8 @@ struct moe_engine<cuda> {
     const std::int64_t assignments = n.tokens * n.k;
     if (assignments > 0) {
       cuda_impl::expert_offsets_kernel<<<cuda_impl::moe_blocks(assignments), threads, 0,
-                                         exec.native()>>>(expert, kept, position, assignments);
+                                         exec.native()>>>(expert, kept, position, assignments,
+                                                          n.first_row);
       QUINTET_CUDA_CHECK(cudaGetLastError());
     }
   }

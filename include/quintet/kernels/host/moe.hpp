@@ -30,6 +30,7 @@ struct routing_sizes {
   std::int64_t tokens, experts, k;
   std::int64_t capacity;  // tokens an expert keeps at most; 0: no limit (dropless)
   drop_order drop;
+  std::int64_t first_row = 0;  // the permuted buffer's first row (a later routing group's start)
 };
 
 // probs (tokens, experts) = softmax(logits) per row and lse (tokens) = log sum exp(logits), both
@@ -54,7 +55,8 @@ void router_softmax(const T* logits, T* probs, T* lse, std::int64_t tokens, std:
 // itself when k = 1 (Switch) and the probability renormalised over the k chosen otherwise.
 // routed (experts) counts the assignments to each expert before capacity; kept (experts) after.
 // position (tokens, k) is the row of the assignment in the permuted buffer, or -1 when dropped:
-// the buffer holds expert 0's rows, then expert 1's, ..., each expert's in token order.
+// the buffer holds, from row n.first_row, expert 0's rows, then expert 1's, ..., each expert's in
+// token order.
 template <class T>
 void route_top_k(const T* probs, std::int32_t* expert, T* gate, std::int32_t* position,
                  std::int64_t* routed, std::int64_t* kept, routing_sizes n) {
@@ -99,7 +101,7 @@ void route_top_k(const T* probs, std::int32_t* expert, T* gate, std::int32_t* po
       });
     for (std::int64_t r = n.capacity; r < count; ++r) keep[order[r]] = 0;
   }
-  std::int64_t row = 0;
+  std::int64_t row = n.first_row;
   for (std::int64_t e = 0; e < n.experts; ++e) {
     const std::int64_t first = row;
     for (const std::int64_t i : slots[e])
