@@ -101,7 +101,8 @@ fi
 echo "device_check: benchmarks done ($(elapsed) s)"
 
 # Training on the GPU: the default run (the small model on the Markov source, fp32) to its floor,
-# then the GPT-2 124M shape (12 layers, d 768, 12 heads, vocabulary 50304, seq 1024) in bf16 for
+# the same with 4 experts (top-2) in every block (the MoE layer's routing, permutations and
+# grouped products on the GPU), then the GPT-2 124M shape (12 layers, d 768, 12 heads, vocabulary 50304, seq 1024) in bf16 for
 # 20 steps of 16 x 1024 tokens: tokens/s and MFU against the device's dense bf16 peak.
 gpt2_124m=(--device cuda --dtype bf16 --layers 12 --d-model 768 --heads 12 --vocab 50304 --order 1
            --seq 1024 --batch 16)
@@ -109,6 +110,9 @@ if [[ -x "$train_gpt" ]]; then
   timeout 300 "$train_gpt" --device cuda --report "$out/train_gpt_default.json" \
     > "$out/train_gpt_default.log" 2>&1 || status=1
   tail -2 "$out/train_gpt_default.log"
+  timeout 300 "$train_gpt" --device cuda --experts 4 --moe-every 1 --report "$out/train_gpt_moe.json" \
+    > "$out/train_gpt_moe.log" 2>&1 || status=1
+  tail -1 "$out/train_gpt_moe.log"
   timeout 300 "$train_gpt" "${gpt2_124m[@]}" --steps 20 --warmup 5 --lr 6e-4 --min-lr 6e-5 \
     --eval-every 0 --log-every 5 --report "$out/train_gpt_report.json" \
     > "$out/train_gpt_124m.log" 2>&1 || status=1

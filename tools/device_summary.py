@@ -90,6 +90,7 @@ def main():
     else:
         result.update(summarise(benchmarks))
     result["train_gpt_default"] = read_training(args.out, "train_gpt_default.json", None)
+    result["train_gpt_moe"] = read_training(args.out, "train_gpt_moe.json", None)
     result["train_gpt_124m_bf16"] = read_training(args.out, "train_gpt_report.json",
                                                   TARGETS["gpt2_124m_mfu"])
     profile = os.path.join(args.out, "profile.json")
