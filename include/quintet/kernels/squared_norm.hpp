@@ -2,7 +2,7 @@
 // host_impl::squared_norm_chunk elements whose sums are added in order, the chunks split over the
 // context's threads.
 // squared_norms(exec, list) gives each tensor of a list the same number in one pass (the chunks of
-// every tensor split over the threads together; on cuda a launch per group of tensors and one
+// every tensor split over the threads together; on cuda two launches per group of tensors and one
 // synchronisation for all, kernels/multi_tensor.hpp). Global gradient clipping adds these over
 // every gradient (each element counted once across ranks) and takes the square root. Host here;
 // cuda (also double, also a fixed order) in <quintet/kernels/cuda/squared_norm.cuh>.

@@ -156,8 +156,9 @@ __global__ void optimizer_group_kernel(const __grid_constant__ tensor_group<Reco
   }
 }
 
-// Every tensor of the list in launches of up to optimizer_capacity tensors; every group is checked
-// before the first launch, so an error leaves every tensor as it was.
+// Every tensor of the list in launches of up to optimizer_capacity tensors. The operands were
+// checked by the entry point and the block counts are checked here before the first launch; a
+// launch that fails still leaves the earlier groups updated.
 template <class Op, class Record, class Constants>
 void update_tensors(const execution<cuda>& exec, std::span<const Record> tensors,
                     const Constants& k) {

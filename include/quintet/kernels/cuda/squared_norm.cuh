@@ -27,8 +27,9 @@ namespace quintet::kernels {
 namespace cuda_impl {
 
 inline constexpr int squared_norm_threads = 256;
-// Tensors per launch (not tuned; 2 launches for the GPT-2 124M shape's ~150 gradients): their
-// pointers and chunks travel in the kernels' parameters, which every toolkit takes up to 4 KiB of.
+// Tensors per group (not tuned; 2 groups, 4 launches, for the GPT-2 124M shape's ~150 gradients):
+// their pointers and chunks travel in the kernels' parameters, which every toolkit takes up to
+// 4 KiB of.
 inline constexpr int squared_norm_capacity = 128;
 
 template <class T>
