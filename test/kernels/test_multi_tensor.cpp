@@ -1,7 +1,8 @@
 // Updates and squared norms over a list of tensors in one pass: the geometry (every element of
 // every tensor in exactly one unit, a unit inside one tensor, groups within their capacity), and
 // the host's list calls giving each tensor the bits of the one-tensor loop (host_impl, run alone
-// and serially), on one and three threads, with tensors of no elements and of several units.
+// and serially; SGD with and without momentum), on one and three threads, with tensors of no
+// elements and of several units, and an empty list.
 #include "kernel_test_support.hpp"
 
 #include <quintet/kernels/multi_tensor.hpp>
@@ -89,12 +90,14 @@ TEST_CASE("a list update gives every tensor the bits of the one-tensor loop",
   const k::adamw_hyperparameters adamw{
       .lr = 0.01, .beta1 = 0.8, .beta2 = 0.95, .eps = 1e-6, .weight_decay = 0.1};
   const k::sgd_hyperparameters sgd{.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01};
+  const k::sgd_hyperparameters plain{.lr = 0.1, .momentum = 0.0, .weight_decay = 0.01};
   const auto& counts = list_counts();
   for (const int threads : {1, 3}) {
     INFO(threads << " threads");
     const execution<host> exec(threads);
     std::vector<tensor<float, host>> param, m, v, want_param, want_m, want_v;
     std::vector<tensor<float, host>> sgd_param, buffer, want_sgd_param, want_buffer;
+    std::vector<tensor<float, host>> plain_param, want_plain_param;  // SGD without momentum
     for (std::size_t t = 0; t < counts.size(); ++t) {
       const shape s{counts[t]};
       param.push_back(random_tensor<float>(s, 100 + t));
@@ -102,27 +105,32 @@ TEST_CASE("a list update gives every tensor the bits of the one-tensor loop",
       v.push_back(random_tensor<float>(s, 300 + t, 0.0, 0.01));
       sgd_param.push_back(random_tensor<float>(s, 400 + t));
       buffer.push_back(random_tensor<float>(s, 500 + t, -0.1, 0.1));
+      plain_param.push_back(random_tensor<float>(s, 600 + t));
     }
-    for (auto [from, to] : {std::pair{&param, &want_param}, std::pair{&m, &want_m},
-                             std::pair{&v, &want_v}, std::pair{&sgd_param, &want_sgd_param},
-                             std::pair{&buffer, &want_buffer}}) {
+    for (auto [from, to] :
+         {std::pair{&param, &want_param}, std::pair{&m, &want_m}, std::pair{&v, &want_v},
+          std::pair{&sgd_param, &want_sgd_param}, std::pair{&buffer, &want_buffer},
+          std::pair{&plain_param, &want_plain_param}}) {
       for (const auto& x : *from) {
         to->emplace_back(x.shape());
-        std::memcpy(to->back().data(), x.data(), static_cast<std::size_t>(x.numel()) * sizeof(float));
+        std::memcpy(to->back().data(), x.data(),
+                    static_cast<std::size_t>(x.numel()) * sizeof(float));
       }
     }
     for (std::int64_t step = 1; step <= 3; ++step) {
       std::vector<tensor<float, host>> grads;
       std::vector<k::adamw_operands<float, host>> adamw_list;
-      std::vector<k::sgd_operands<float, host>> sgd_list;
+      std::vector<k::sgd_operands<float, host>> sgd_list, plain_list;
       for (std::size_t t = 0; t < counts.size(); ++t) {
         grads.push_back(random_tensor<float>(shape{counts[t]}, 1000 * step + t));
         const bool decays = t % 2 == 0;  // every other tensor exempt, as biases are
         adamw_list.push_back({param[t], grads[t], m[t], v[t], decays});
         sgd_list.push_back({sgd_param[t], grads[t], buffer[t], decays});
+        plain_list.push_back({plain_param[t], grads[t], std::nullopt, decays});
       }
       k::adamw_update(exec, adamw_list, adamw, step, 0.75);
       k::sgd_update(exec, sgd_list, sgd, 0.75);
+      k::sgd_update(exec, plain_list, plain, 0.75);
       // The reference: each tensor alone, serially, through the host loops.
       const double t_step = static_cast<double>(step);
       for (std::size_t t = 0; t < counts.size(); ++t) {
@@ -136,6 +144,9 @@ TEST_CASE("a list update gives every tensor the bits of the one-tensor loop",
         const k::host_impl::sgd_constants<float> ks{0.1f, 0.9f, decays ? 0.01f : 0.0f, 0.75f};
         k::host_impl::sgd_update(want_sgd_param[t].data(), grads[t].data(), want_buffer[t].data(),
                                  counts[t], ks);
+        const k::host_impl::sgd_constants<float> kp{0.1f, 0.0f, decays ? 0.01f : 0.0f, 0.75f};
+        k::host_impl::sgd_update(want_plain_param[t].data(), grads[t].data(),
+                                 static_cast<float*>(nullptr), counts[t], kp);
       }
     }
     for (std::size_t t = 0; t < counts.size(); ++t) {
@@ -145,8 +156,13 @@ TEST_CASE("a list update gives every tensor the bits of the one-tensor loop",
       REQUIRE(same_bits(v[t], want_v[t]));
       REQUIRE(same_bits(sgd_param[t], want_sgd_param[t]));
       REQUIRE(same_bits(buffer[t], want_buffer[t]));
+      REQUIRE(same_bits(plain_param[t], want_plain_param[t]));
     }
   }
+  // An empty list updates nothing and does not fail.
+  const execution<host> exec;
+  k::adamw_update(exec, std::vector<k::adamw_operands<float, host>>{}, adamw, 1);
+  k::sgd_update(exec, std::vector<k::sgd_operands<float, host>>{}, sgd);
 }
 
 TEST_CASE("a list update refuses a tensor whose operands disagree, naming it",
