@@ -8,11 +8,13 @@
 
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 using namespace quintet;
@@ -259,11 +261,14 @@ TEST_CASE("thread_comm: an async send to a failed or absent peer turns ready, th
           "[comm][thread][async][failure]") {
   // The send is in the peer's mailbox from the call on; a caller that polls ready() must still
   // see it end when the peer will never take it: at once when the peer failed (the world's
-  // abort), at the timeout when it just never receives.
-  const auto poll_then_wait = [](thread_comm& comm, std::string& seen) {
+  // abort), at the timeout when it just never receives. Rank 1 fails only once the send is
+  // posted: a world already aborted refuses the post itself, which is not the path under test.
+  std::atomic<bool> send_posted{false};
+  const auto poll_then_wait = [&send_posted](thread_comm& comm, std::string& seen) {
     tensor<float, host> values(shape{5});
     const p2p_op send = p2p_op::send(values, 1);
     comm_request request = comm.exchange_async(std::span<const p2p_op>(&send, 1));
+    send_posted.store(true, std::memory_order_release);
     const auto give_up = std::chrono::steady_clock::now() + 20s;  // a hang fails, not blocks
     while (!request.ready() && std::chrono::steady_clock::now() < give_up) compute(1000);
     if (!request.ready()) throw std::runtime_error("ready() never turned true");
@@ -277,7 +282,14 @@ TEST_CASE("thread_comm: an async send to a failed or absent peer turns ready, th
   std::string aborted;
   const auto start = std::chrono::steady_clock::now();
   CHECK_THROWS_WITH(thread_world({.size = 2, .timeout = 3s}).run([&](thread_comm& comm) {
-    if (comm.rank() == 1) throw quintet::error("rank one gave up");
+    if (comm.rank() == 1) {
+      const auto give_up = std::chrono::steady_clock::now() + 20s;  // rank 0 failed to post
+      while (!send_posted.load(std::memory_order_acquire) &&
+             std::chrono::steady_clock::now() < give_up) {
+        std::this_thread::yield();
+      }
+      throw quintet::error("rank one gave up");
+    }
     poll_then_wait(comm, aborted);
   }),
                     "rank one gave up");
