@@ -1,10 +1,11 @@
 // Updates and squared norms over a list of tensors in one pass: the geometry (every element of
-// every tensor in exactly one unit, a unit inside one tensor, groups within their capacity), and
-// the host's list calls giving each tensor the bits of the one-tensor loop (host_impl, run alone
-// and serially; SGD with and without momentum), on one and three threads, with tensors of no
-// elements and of several units, and an empty list.
+// every tensor in exactly one unit, a unit inside one tensor, groups within their capacity, a
+// launch plan's numbering and its block limit), and the host's list calls giving each tensor the
+// bits of the one-tensor loop (host_impl, run alone and serially; SGD with and without momentum),
+// on one and three threads, with tensors of no elements and of several units, and an empty list.
 #include "kernel_test_support.hpp"
 
+#include <quintet/kernels/elementwise.hpp>
 #include <quintet/kernels/multi_tensor.hpp>
 #include <quintet/kernels/optimizer.hpp>
 #include <quintet/kernels/squared_norm.hpp>
@@ -18,6 +19,7 @@
 #include <vector>
 
 using namespace kernel_test;
+using quintet::bf16;
 using quintet::execution;
 using quintet::tensor_view;
 namespace k = quintet::kernels;
@@ -75,12 +77,49 @@ TEST_CASE("multi_tensor: groups cover the list in order within their capacity",
   }
 }
 
+TEST_CASE("multi_tensor: a launch plan numbers each group from 0 and refuses too many blocks",
+          "[kernels][tiling]") {
+  // Units of 4: tensor units 2, 0, 3, 1, 5 in groups of 2.
+  const std::vector<std::int64_t> counts = {5, 0, 12, 1, 20};
+  const auto plan = mt::plan_launches(counts, 4, 2, "test");
+  REQUIRE(plan.first == mt::first_units(counts, 4));
+  REQUIRE(plan.groups.size() == 3);
+  REQUIRE(plan.units(plan.groups[0]) == 2);
+  REQUIRE(plan.units(plan.groups[1]) == 4);
+  REQUIRE(plan.units(plan.groups[2]) == 5);
+  std::int64_t firsts[3] = {-1, -1, -1};
+  plan.group_first_units(plan.groups[1], firsts);
+  REQUIRE(std::vector<std::int64_t>(firsts, firsts + 3) == std::vector<std::int64_t>{0, 3, 4});
+  plan.group_first_units(plan.groups[2], firsts);
+  REQUIRE(firsts[0] == 0);
+  REQUIRE(firsts[1] == 5);
+
+  // The grid limit checked for every group before anything launches, at a small limit here: the
+  // last group's 5 units exceed 4, the first two fit.
+  REQUIRE_NOTHROW(mt::plan_launches(counts, 4, 2, "test", 5));
+  REQUIRE_THROWS_WITH(mt::plan_launches(counts, 4, 2, "adamw/sgd on cuda", 4),
+                      Catch::Contains("adamw/sgd on cuda: tensors 4 to 4 make 5 units of 4 "
+                                      "elements, more than one launch's 4 blocks"));
+  // At the real limit, one tensor of 2^31 units of 8192 elements does not fit one launch.
+  const std::vector<std::int64_t> huge = {mt::max_launch_units * 8192 + 1};
+  REQUIRE_THROWS_WITH(mt::plan_launches(huge, 8192, 40, "adamw/sgd on cuda"),
+                      Catch::Contains("more than one launch's 2147483647 blocks"));
+  REQUIRE(mt::plan_launches(std::vector<std::int64_t>{}, 4, 2, "test").groups.empty());
+}
+
 namespace {
 
 // Sizes around the 8192-element unit and the 16-lane block, one empty.
 const std::vector<std::int64_t>& list_counts() {
   static const std::vector<std::int64_t> counts = {17, 0, 8192, 3 * 8192 + 5, 1, 65536 * 2 + 77};
   return counts;
+}
+
+template <class T>
+tensor<T, host> copy_of(const tensor<T, host>& x) {
+  tensor<T, host> copy(x.shape());
+  std::memcpy(copy.data(), x.data(), static_cast<std::size_t>(x.numel()) * sizeof(T));
+  return copy;
 }
 
 }  // namespace
@@ -178,6 +217,53 @@ TEST_CASE("a list update refuses a tensor whose operands disagree, naming it",
   const std::vector<k::sgd_operands<float, host>> sgd_list = {{p, g, std::nullopt, true}};
   REQUIRE_THROWS_WITH(k::sgd_update(exec, sgd_list, {.momentum = 0.5}),
                       Catch::Contains("momentum 0.5 needs a momentum buffer"));
+}
+
+TEST_CASE("list convert and accumulate_and_zero give every tensor the one-tensor calls' bits",
+          "[kernels][elementwise]") {
+  // Mixed precision's pair: bf16 micro-batch gradients into fp32 sums, fp32 values back to bf16.
+  const std::vector<std::int64_t>& counts = list_counts();
+  for (const int threads : {1, 3}) {
+    INFO(threads << " threads");
+    const execution<host> exec(threads);
+    std::vector<tensor<bf16, host>> grads, want_grads, values, want_values;
+    std::vector<tensor<float, host>> sums, want_sums;
+    std::vector<k::accumulate_operands<bf16, float, host>> moves;
+    std::vector<k::convert_operands<float, bf16, host>> rounds;
+    for (std::size_t t = 0; t < counts.size(); ++t) {
+      const shape s{counts[t]};
+      grads.push_back(random_tensor<bf16>(s, 80 + t, -2.0, 2.0));
+      sums.push_back(random_tensor<float>(s, 90 + t, -2.0, 2.0));
+      values.push_back(random_tensor<bf16>(s, 100 + t, -2.0, 2.0));
+      want_grads.push_back(copy_of(grads.back()));
+      want_sums.push_back(copy_of(sums.back()));
+      want_values.push_back(copy_of(values.back()));
+    }
+    for (std::size_t t = 0; t < counts.size(); ++t) {
+      moves.push_back({grads[t], sums[t]});
+      rounds.push_back({sums[t], values[t]});
+    }
+    k::accumulate_and_zero(exec, moves);
+    k::convert(exec, rounds);
+    const execution<host> serial;
+    for (std::size_t t = 0; t < counts.size(); ++t) {
+      k::accumulate(serial, want_grads[t], want_sums[t]);
+      quintet::fill(want_grads[t], bf16(0.0f));
+      k::convert(serial, want_sums[t], want_values[t]);
+      INFO("tensor " << t << " of " << counts[t] << " elements");
+      REQUIRE(same_bits(sums[t], want_sums[t]));
+      REQUIRE(same_bits(values[t], want_values[t]));
+      REQUIRE(same_bits(grads[t], want_grads[t]));  // zero
+    }
+  }
+  const execution<host> exec;
+  k::convert(exec, std::vector<k::convert_operands<float, bf16, host>>{});
+  tensor<float, host> a(shape{4}), b(shape{5});
+  tensor<bf16, host> c(shape{4});
+  quintet::fill(a, 1.0f);
+  quintet::fill(b, 1.0f);
+  const std::vector<k::convert_operands<float, bf16, host>> mismatched = {{a, c}, {b, c}};
+  REQUIRE_THROWS_WITH(k::convert(exec, mismatched), Catch::Contains("convert (tensor 1 of 2)"));
 }
 
 TEST_CASE("squared_norms gives every tensor of a list its squared_norm bits",

@@ -2,6 +2,8 @@
 // gradient, GELU (tanh form) forward and backward, residual add, scale, fill, and convert between
 // floating types, and accumulate a narrower tensor into a wider sum. All operands contiguous.
 // Parameter gradients (bias_grad) accumulate into their tensor; activation gradients overwrite.
+// convert and accumulate_and_zero also take a list of tensors, done in one pass (mixed precision's
+// master weights: kernels/multi_tensor.hpp).
 #pragma once
 
 #include <quintet/core/dtype.hpp>
@@ -9,13 +11,33 @@
 #include <quintet/kernels/accumulator.hpp>
 #include <quintet/kernels/execution.hpp>
 #include <quintet/kernels/host/elementwise.hpp>
+#include <quintet/kernels/multi_tensor.hpp>
 #include <quintet/kernels/operand.hpp>
 #include <quintet/tensor/device.hpp>
 
 #include <concepts>
+#include <cstdint>
+#include <span>
+#include <string>
 #include <type_traits>
+#include <vector>
 
 namespace quintet::kernels {
+
+// One tensor of a list convert or accumulate_and_zero, as the engines take it: `count` elements
+// from each pointer.
+template <class From, class To>
+struct convert_tensor {
+  const From* in;
+  To* out;
+  std::int64_t count;
+};
+template <class From, class Into>
+struct accumulate_tensor {
+  From* from;
+  Into* into;
+  std::int64_t count;
+};
 
 // elementwise_engine<Device>: the device's loops. Host here; cuda in
 // <quintet/kernels/cuda/elementwise.cuh>.
@@ -90,6 +112,26 @@ struct elementwise_engine<host> {
     exec.parallel_rows<From>(count, grain, [&](std::int64_t begin, std::int64_t end) {
       host_impl::accumulate(from + begin, into + begin, end - begin);
     });
+  }
+
+  // The lists: every unit of every tensor over the threads (the one-tensor loops on each range).
+  template <class From, class To>
+  static void convert(const execution<host>& exec, std::span<const convert_tensor<From, To>> list) {
+    multi_tensor::for_each_unit(
+        exec, list, multi_tensor::elementwise_unit,
+        [](const convert_tensor<From, To>& t, std::int64_t begin, std::int64_t end) {
+          host_impl::convert(t.in + begin, t.out + begin, end - begin);
+        });
+  }
+  template <class From, class Into>
+  static void accumulate_and_zero(const execution<host>& exec,
+                                  std::span<const accumulate_tensor<From, Into>> list) {
+    multi_tensor::for_each_unit(
+        exec, list, multi_tensor::elementwise_unit,
+        [](const accumulate_tensor<From, Into>& t, std::int64_t begin, std::int64_t end) {
+          host_impl::accumulate(t.from + begin, t.into + begin, end - begin);
+          host_impl::fill(t.from + begin, From(0.0f), end - begin);
+        });
   }
 };
 
@@ -223,6 +265,65 @@ void accumulate(const execution<Device>& exec, const From& from, Into&& into) {
   check_same_shape(fv, iv, "accumulate");
   check_same_device(fv, iv, "accumulate");
   elementwise_engine<Device>::accumulate(exec, fv.data(), iv.data(), fv.numel());
+}
+
+// The operands of one tensor of a list convert: views of one shape, contiguous, on one device.
+template <class From, class To, class Device>
+struct convert_operands {
+  tensor_view<const From, Device> in;
+  tensor_view<To, Device> out;
+};
+
+// convert on every pair of the list, in one pass.
+template <class From, class To, device_tag Device>
+void convert(const execution<Device>& exec,
+             const std::vector<convert_operands<From, To, Device>>& list) {
+  std::vector<convert_tensor<From, To>> tensors;
+  tensors.reserve(list.size());
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    const std::string kernel = multi_tensor::list_kernel_name("convert", i, list.size());
+    const auto& [in, out] = list[i];
+    require_contiguous(in, kernel.c_str(), "in");
+    require_contiguous(out, kernel.c_str(), "out");
+    check_same_shape(in, out, kernel.c_str());
+    check_same_device(in, out, kernel.c_str());
+    tensors.push_back({in.data(), out.data(), in.numel()});
+  }
+  elementwise_engine<Device>::convert(exec, std::span<const convert_tensor<From, To>>(tensors));
+}
+
+// The operands of one tensor of a list accumulate_and_zero: views of one shape, contiguous, on one
+// device.
+template <class From, class Into, class Device>
+struct accumulate_operands {
+  tensor_view<From, Device> from;
+  tensor_view<Into, Device> into;
+};
+
+// into += from as accumulate does, then from = 0, on every pair of the list in one pass: mixed
+// precision's micro-batch gradients moved into their fp32 sums, ready for the next micro-batch.
+template <class From, class Into, device_tag Device>
+void accumulate_and_zero(const execution<Device>& exec,
+                         const std::vector<accumulate_operands<From, Into, Device>>& list) {
+  static_assert(std::same_as<Into, float> || std::same_as<Into, double>,
+                "accumulate_and_zero: the sum must be float or double");
+  static_assert(sizeof(From) <= sizeof(Into),
+                "accumulate_and_zero: the addend must not be wider than the sum (it is widened "
+                "exactly)");
+  std::vector<accumulate_tensor<From, Into>> tensors;
+  tensors.reserve(list.size());
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    const std::string kernel =
+        multi_tensor::list_kernel_name("accumulate_and_zero", i, list.size());
+    const auto& [from, into] = list[i];
+    require_contiguous(from, kernel.c_str(), "from");
+    require_contiguous(into, kernel.c_str(), "into");
+    check_same_shape(from, into, kernel.c_str());
+    check_same_device(from, into, kernel.c_str());
+    tensors.push_back({from.data(), into.data(), from.numel()});
+  }
+  elementwise_engine<Device>::accumulate_and_zero(
+      exec, std::span<const accumulate_tensor<From, Into>>(tensors));
 }
 
 }  // namespace quintet::kernels

@@ -10,19 +10,28 @@
 // it is the single-tensor kernel's on that range (the same bits), and a unit that is a multiple of
 // the vector lanes keeps each tensor's 16-byte alignment. A cuda launch carries at most `capacity`
 // tensors in its parameters (a fixed-size struct, under the 4 KiB every toolkit accepts); a longer
-// list takes consecutive groups. Plain C++, tested on the host; the lookups run on both.
+// list takes consecutive groups (plan_launches, which also checks each group's blocks). Plain C++,
+// tested on the host; the lookups run on both.
 #pragma once
 
 #include <quintet/core/config.hpp>
 #include <quintet/core/error.hpp>
+#include <quintet/kernels/execution.hpp>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 namespace quintet::kernels::multi_tensor {
+
+// Elements per unit of an elementwise pass over a list (the optimizer updates, convert,
+// accumulate; not tuned): a multiple of every vector width, so each unit keeps its tensor's 16-byte
+// alignment on cuda, where a 256-thread block takes 8 chunks of 4 floats a thread; on the host 8
+// units are the 2^16 elements worth waking a thread for.
+inline constexpr std::int64_t elementwise_unit = std::int64_t{1} << 13;
 
 inline std::int64_t units_of(std::int64_t count, std::int64_t unit) {
   return (count + unit - 1) / unit;
@@ -79,6 +88,69 @@ inline std::vector<group> groups_of(std::size_t tensors, std::size_t capacity) {
   for (std::size_t begin = 0; begin < tensors; begin += capacity)
     groups.push_back({begin, std::min(tensors, begin + capacity)});
   return groups;
+}
+
+// The element counts of a list of records that carry theirs as `count`.
+template <class Record>
+std::vector<std::int64_t> counts_of(std::span<const Record> records) {
+  std::vector<std::int64_t> counts;
+  counts.reserve(records.size());
+  for (const Record& r : records) counts.push_back(r.count);
+  return counts;
+}
+
+// The most blocks, hence units, one cuda launch may have (a grid's x extent).
+inline constexpr std::int64_t max_launch_units = 2147483647;
+
+// A list cut into launches: its units numbered (first, as first_units) and its groups of tensors.
+struct launch_plan {
+  std::vector<std::int64_t> first;
+  std::vector<group> groups;
+
+  std::int64_t units(group g) const { return first[g.end] - first[g.begin]; }
+  // g's tensors' first units counted from g's start, and at [g.size()] its units: what a
+  // launch's parameters carry (`out` holds g.size() + 1).
+  void group_first_units(group g, std::int64_t* out) const {
+    for (std::size_t i = 0; i <= g.size(); ++i) out[i] = first[g.begin + i] - first[g.begin];
+  }
+};
+
+// Plans the launches of `what` over tensors of `counts` elements, in units of `unit`, at most
+// `capacity` tensors each. Every launch's units are checked against `max_units` here, before the
+// caller launches anything, so a list that does not fit changes nothing.
+inline launch_plan plan_launches(std::span<const std::int64_t> counts, std::int64_t unit,
+                                 std::size_t capacity, const char* what,
+                                 std::int64_t max_units = max_launch_units) {
+  launch_plan plan{first_units(counts, unit), groups_of(counts.size(), capacity)};
+  for (const group g : plan.groups)
+    QUINTET_CHECK(plan.units(g) <= max_units,
+                  "{}: tensors {} to {} make {} units of {} elements, more than one launch's {} "
+                  "blocks",
+                  what, g.begin, g.end - 1, plan.units(g), unit, max_units);
+  return plan;
+}
+
+// The name a list kernel's errors give: the kernel's, and in a list of several which tensor.
+inline std::string list_kernel_name(const char* kernel, std::size_t index, std::size_t size) {
+  return size == 1 ? std::string(kernel)
+                   : quintet::detail::format_message("{} (tensor {} of {})", kernel, index, size);
+}
+
+// On the host: pass(record, begin, end) on every unit of every record of the list (records with
+// `count`), the units split over exec's threads.
+template <class Record, class Pass>
+void for_each_unit(const execution<host>& exec, std::span<const Record> records, std::int64_t unit,
+                   const Pass& pass) {
+  const std::vector<std::int64_t> first = first_units(counts_of(records), unit);
+  const int listed = static_cast<int>(records.size());
+  exec.parallel_for(first.back(), execution<host>::grain_for(unit),
+                    [&](std::int64_t begin, std::int64_t end) {
+                      for (std::int64_t u = begin; u < end; ++u) {
+                        const unit_place at = locate(first.data(), listed, unit, u);
+                        const Record& r = records[static_cast<std::size_t>(at.tensor)];
+                        pass(r, at.begin, std::min(at.begin + unit, r.count));
+                      }
+                    });
 }
 
 }  // namespace quintet::kernels::multi_tensor

@@ -63,10 +63,8 @@ struct sgd_tensor {
   bool decays;
 };
 
-// Elements per unit of a multi-tensor update (not tuned): a multiple of every vector width, so each
-// unit keeps its tensor's 16-byte alignment on cuda, where a 256-thread block takes 8 chunks of 4
-// floats a thread; on the host 8 units are the 2^16 elements worth waking a thread for.
-inline constexpr std::int64_t optimizer_unit = std::int64_t{1} << 13;
+// Elements per unit of a multi-tensor update.
+inline constexpr std::int64_t optimizer_unit = multi_tensor::elementwise_unit;
 
 // The constants of one tensor: weight decay only where it applies.
 template <class Acc>
@@ -92,44 +90,26 @@ struct optimizer_engine {
 
 template <>
 struct optimizer_engine<host> {
-  // update(tensor, begin, end) on every unit of every tensor, the units split over the threads.
-  template <class Tensor, class Update>
-  static void for_each_unit(const execution<host>& exec, std::span<const Tensor> tensors,
-                            const Update& update) {
-    std::vector<std::int64_t> counts;
-    counts.reserve(tensors.size());
-    for (const Tensor& t : tensors) counts.push_back(t.count);
-    const std::vector<std::int64_t> first = multi_tensor::first_units(counts, optimizer_unit);
-    const int listed = static_cast<int>(tensors.size());
-    exec.parallel_for(first.back(), execution<host>::grain_for(optimizer_unit),
-                      [&](std::int64_t begin, std::int64_t end) {
-                        for (std::int64_t u = begin; u < end; ++u) {
-                          const auto at =
-                              multi_tensor::locate(first.data(), listed, optimizer_unit, u);
-                          const Tensor& t = tensors[static_cast<std::size_t>(at.tensor)];
-                          update(t, at.begin, std::min(at.begin + optimizer_unit, t.count));
-                        }
-                      });
-  }
-
   template <class T, class Acc>
   static void adamw(const execution<host>& exec, std::span<const adamw_tensor<T, Acc>> tensors,
                     const host_impl::adamw_constants<Acc>& k) {
-    for_each_unit(exec, tensors,
-                  [&](const adamw_tensor<T, Acc>& t, std::int64_t begin, std::int64_t end) {
-                    host_impl::adamw_update(t.param + begin, t.grad + begin, t.m + begin,
-                                            t.v + begin, end - begin, constants_for(k, t.decays));
-                  });
+    multi_tensor::for_each_unit(
+        exec, tensors, optimizer_unit,
+        [&](const adamw_tensor<T, Acc>& t, std::int64_t begin, std::int64_t end) {
+          host_impl::adamw_update(t.param + begin, t.grad + begin, t.m + begin, t.v + begin,
+                                  end - begin, constants_for(k, t.decays));
+        });
   }
   template <class T, class Acc>
   static void sgd(const execution<host>& exec, std::span<const sgd_tensor<T, Acc>> tensors,
                   const host_impl::sgd_constants<Acc>& k) {
-    for_each_unit(exec, tensors,
-                  [&](const sgd_tensor<T, Acc>& t, std::int64_t begin, std::int64_t end) {
-                    host_impl::sgd_update(t.param + begin, t.grad + begin,
-                                          t.buffer != nullptr ? t.buffer + begin : nullptr,
-                                          end - begin, constants_for(k, t.decays));
-                  });
+    multi_tensor::for_each_unit(
+        exec, tensors, optimizer_unit,
+        [&](const sgd_tensor<T, Acc>& t, std::int64_t begin, std::int64_t end) {
+          host_impl::sgd_update(t.param + begin, t.grad + begin,
+                                t.buffer != nullptr ? t.buffer + begin : nullptr, end - begin,
+                                constants_for(k, t.decays));
+        });
   }
 };
 
@@ -202,11 +182,6 @@ host_impl::sgd_constants<Acc> sgd_constants_of(const sgd_hyperparameters& hp, do
           static_cast<Acc>(hp.weight_decay), static_cast<Acc>(grad_scale)};
 }
 
-// The name errors give: the kernel's, and in a list of several which tensor.
-inline std::string list_kernel_name(const char* kernel, std::size_t index, std::size_t size) {
-  return size == 1 ? std::string(kernel) : fmt::format("{} (tensor {} of {})", kernel, index, size);
-}
-
 template <class T, class Device>
 adamw_tensor<T, accumulator_t<T>> checked_adamw_tensor(const adamw_operands<T, Device>& x,
                                                        const char* kernel) {
@@ -247,7 +222,7 @@ void adamw_update(const execution<Device>& exec, const std::vector<adamw_operand
   tensors.reserve(list.size());
   for (std::size_t i = 0; i < list.size(); ++i)
     tensors.push_back(detail::checked_adamw_tensor(
-        list[i], detail::list_kernel_name("adamw_update", i, list.size()).c_str()));
+        list[i], multi_tensor::list_kernel_name("adamw_update", i, list.size()).c_str()));
   optimizer_engine<Device>::adamw(exec, std::span<const adamw_tensor<T, acc>>(tensors), k);
 }
 
@@ -280,7 +255,7 @@ void sgd_update(const execution<Device>& exec, const std::vector<sgd_operands<T,
   tensors.reserve(list.size());
   for (std::size_t i = 0; i < list.size(); ++i)
     tensors.push_back(detail::checked_sgd_tensor(
-        list[i], hp, detail::list_kernel_name("sgd_update", i, list.size()).c_str()));
+        list[i], hp, multi_tensor::list_kernel_name("sgd_update", i, list.size()).c_str()));
   const auto k = detail::sgd_constants_of<acc>(hp, grad_scale);
   optimizer_engine<Device>::sgd(exec, std::span<const sgd_tensor<T, acc>>(tensors), k);
 }

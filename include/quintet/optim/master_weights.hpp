@@ -21,7 +21,6 @@
 #include <quintet/kernels/elementwise.hpp>
 #include <quintet/kernels/execution.hpp>
 #include <quintet/nn/parameter.hpp>
-#include <quintet/tensor/fill.hpp>
 
 #include <cstdint>
 #include <span>
@@ -83,7 +82,8 @@ class master_weights {
   }
 
   // The model announced these parameters' gradients of one micro-batch complete: each is added
-  // into its master gradient (exactly widened, summed in fp32) and zeroed for the next. Returns
+  // into its master gradient (exactly widened, summed in fp32) and zeroed for the next, all in one
+  // pass. Returns
   // the master parameters, in the same order, for whoever reduces them. Outside a step (between
   // begin_step and finish_backward: a backward of the model alone) nothing is touched and nothing
   // returned, as data parallelism ignores such announcements.
@@ -92,14 +92,16 @@ class master_weights {
     std::vector<nn::parameter<master_type, Device>*> masters;
     if (!in_step_) return masters;
     masters.reserve(ready.size());
+    std::vector<kernels::accumulate_operands<T, master_type, Device>> moves;
+    moves.reserve(ready.size());
     for (auto* p : ready) {
       const std::size_t at = index_of(*p);
       auto& [model, master] = pairs_[at];
       ++accumulated_[at];
-      kernels::accumulate(exec_, model->grad, master->grad);
-      fill(model->grad, T(0));
+      moves.push_back({model->grad, master->grad});
       masters.push_back(master);
     }
+    kernels::accumulate_and_zero(exec_, moves);
     return masters;
   }
 
@@ -120,7 +122,10 @@ class master_weights {
   // a checkpoint restored the master; under ZeRO-3 each piece's values are rounded as it is
   // gathered instead).
   void write_back() {
-    for (auto& [model, master] : pairs_) kernels::convert(exec_, master->value, model->value);
+    std::vector<kernels::convert_operands<master_type, T, Device>> rounds;
+    rounds.reserve(pairs_.size());
+    for (auto& [model, master] : pairs_) rounds.push_back({master->value, model->value});
+    kernels::convert(exec_, rounds);
   }
 
  private:

@@ -1,8 +1,8 @@
 // The CUDA elementwise kernels and dropout against their host twins on the same random operands:
 // the kernels with one rounding per element (bias add, add, scale, fill, convert, accumulate) and
-// dropout bit for bit, the bias gradient (another summation order) and GELU (another exponential)
-// within tolerances argued per dtype. Outputs start as random values, so an element a kernel
-// skips, or overwrites where it should accumulate, shows.
+// dropout bit for bit (the list forms of convert and accumulate too), the bias gradient (another
+// summation order) and GELU (another exponential) within tolerances argued per dtype. Outputs start
+// as random values, so an element a kernel skips, or overwrites where it should accumulate, shows.
 #include "../gpu_test_support.hpp"
 
 #include <catch2/catch.hpp>
@@ -12,6 +12,7 @@
 #include <quintet/kernels/cuda_execution.hpp>
 #include <quintet/kernels/dropout.hpp>
 #include <quintet/kernels/elementwise.hpp>
+#include <quintet/tensor/copy.hpp>
 #include <quintet/tensor/region.hpp>
 
 #include <algorithm>
@@ -195,6 +196,87 @@ void check_accumulate_pair() {
     device_exec.synchronize();
     INFO("shape " << s.to_string());
     REQUIRE(same_bits(to_host(into_d), into));
+  }
+}
+
+// A device copy of h one element past the start of its allocation when `offset` is 1 (no 16-byte
+// access fits it: the one-element path), the element before it 7; `storage` keeps the allocation.
+template <class T>
+quintet::tensor_view<T, device> device_copy_at(const tensor<T, host>& h, std::int64_t offset,
+                                               std::vector<tensor<T, device>>& storage) {
+  const std::int64_t count = h.numel();
+  tensor<T, host> padded(shape{count + 1});
+  padded.data()[0] = T(7.0f);
+  std::memcpy(padded.data() + offset, h.data(), static_cast<std::size_t>(count) * sizeof(T));
+  storage.push_back(to_device(padded));
+  return {storage.back().data() + offset, shape{count}};
+}
+
+template <class T>
+tensor<T, host> view_to_host(quintet::tensor_view<T, device> view) {
+  tensor<T, host> h(view.shape());
+  quintet::copy(h, view);
+  return h;
+}
+
+// The list forms, convert and accumulate_and_zero, over 45 tensors (two launches) of sizes around
+// the unit, every third one's operands shifted by an element: each tensor the bits of the host's
+// list call, every addend zero after, the element before a shifted view untouched.
+template <class From, class To>
+void check_list_convert_and_accumulate() {
+  const execution<host> host_exec;
+  const execution<device> device_exec;
+  const std::int64_t unit = k::multi_tensor::elementwise_unit;
+  const std::vector<std::int64_t> pattern = {0, 1, 17, 1000, unit, 3 * unit + 5, 4099};
+  std::uint64_t stream = 1700;
+  std::vector<tensor<From, host>> narrow;
+  std::vector<tensor<To, host>> wide, converted;
+  std::vector<tensor<From, device>> narrow_storage;
+  std::vector<tensor<To, device>> wide_storage, converted_storage;
+  std::vector<k::convert_operands<To, From, host>> convert_host;
+  std::vector<k::convert_operands<To, From, device>> convert_device;
+  std::vector<k::accumulate_operands<From, To, host>> accumulate_host;
+  std::vector<k::accumulate_operands<From, To, device>> accumulate_device;
+  std::vector<quintet::tensor_view<From, device>> narrow_d;
+  std::vector<quintet::tensor_view<To, device>> wide_d;
+  std::vector<std::int64_t> offsets;
+  for (std::size_t t = 0; t < 45; ++t) {
+    const shape s{pattern[t % pattern.size()]};
+    const std::int64_t offset = t % 3 == 2 ? 1 : 0;
+    offsets.push_back(offset);
+    narrow.push_back(random_host<From>(s, ++stream));
+    wide.push_back(random_host<To>(s, ++stream));
+    narrow_d.push_back(device_copy_at(narrow.back(), offset, narrow_storage));
+    wide_d.push_back(device_copy_at(wide.back(), offset, wide_storage));
+  }
+  for (std::size_t t = 0; t < narrow.size(); ++t) {
+    accumulate_host.push_back({narrow[t], wide[t]});
+    accumulate_device.push_back({narrow_d[t], wide_d[t]});
+  }
+  k::accumulate_and_zero(host_exec, accumulate_host);
+  k::accumulate_and_zero(device_exec, accumulate_device);
+  // Then the sums rounded back into the (zeroed) addends.
+  for (std::size_t t = 0; t < narrow.size(); ++t) {
+    convert_host.push_back({wide[t], narrow[t]});
+    convert_device.push_back({wide_d[t], narrow_d[t]});
+  }
+  device_exec.synchronize();
+  std::vector<tensor<From, host>> zeroed;
+  for (const auto& view : narrow_d) zeroed.push_back(view_to_host(view));
+  k::convert(host_exec, convert_host);
+  k::convert(device_exec, convert_device);
+  device_exec.synchronize();
+  for (std::size_t t = 0; t < narrow.size(); ++t) {
+    INFO("tensor " << t << " of " << narrow[t].numel() << " elements, offset " << offsets[t]);
+    for (std::int64_t i = 0; i < zeroed[t].numel(); ++i)
+      REQUIRE(as_double(zeroed[t].data()[i]) == 0.0);
+    REQUIRE(same_bits(view_to_host(wide_d[t]), wide[t]));
+    REQUIRE(same_bits(view_to_host(narrow_d[t]), narrow[t]));
+  }
+  for (std::size_t t = 0; t < offsets.size(); ++t) {
+    if (offsets[t] == 0) continue;
+    REQUIRE(as_double(to_host(narrow_storage[t]).data()[0]) == 7.0);
+    REQUIRE(as_double(to_host(wide_storage[t]).data()[0]) == 7.0);
   }
 }
 
@@ -383,6 +465,13 @@ TEST_CASE("cuda accumulate equals the host's bit for bit", "[device]") {
   check_accumulate_pair<float, double>();
   check_accumulate_pair<bf16, double>();
   check_accumulate_pair<f16, double>();
+}
+
+TEST_CASE("cuda convert and accumulate_and_zero over a list equal the host's list calls",
+          "[device]") {
+  check_list_convert_and_accumulate<bf16, float>();
+  check_list_convert_and_accumulate<f16, float>();
+  check_list_convert_and_accumulate<float, double>();
 }
 
 TEST_CASE("cuda dropout gives the host's mask and values bit for bit, for any region", "[device]") {

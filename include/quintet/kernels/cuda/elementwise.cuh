@@ -1,12 +1,14 @@
 // The elementwise kernels on cuda tensors: maps over the elements with the host's arithmetic
 // element for element (kernels/cuda/map.cuh: 16-byte accesses where the operands allow), zero
 // fills by cudaMemsetAsync, and the bias gradient as column sums over the rows in a fixed
-// order (kernels/cuda/column_sums.cuh: deterministic, no atomics).
+// order (kernels/cuda/column_sums.cuh: deterministic, no atomics). The list forms of convert and
+// accumulate_and_zero launch once per group of tensors (kernels/cuda/multi_tensor.cuh).
 #pragma once
 
 #include <quintet/kernels/accumulator.hpp>
 #include <quintet/kernels/cuda/column_sums.cuh>
 #include <quintet/kernels/cuda/map.cuh>
+#include <quintet/kernels/cuda/multi_tensor.cuh>
 #include <quintet/kernels/cuda_execution.hpp>
 #include <quintet/kernels/elementwise.hpp>
 #include <quintet/kernels/host/elementwise.hpp>
@@ -14,6 +16,7 @@
 #include <quintet/tensor/cuda_memory.hpp>
 
 #include <cstdint>
+#include <span>
 #include <type_traits>
 
 namespace quintet::kernels {
@@ -136,6 +139,61 @@ struct accumulate_op {
   __device__ To operator()(To into, From from) const { return into + static_cast<To>(widen(from)); }
 };
 
+// The list forms' ops (kernels/cuda/multi_tensor.cuh): convert_op and accumulate_op on packs of
+// one tensor's range; accumulate_and_zero then stores zeros over the addend.
+struct no_constants {};
+
+template <class From, class To>
+struct convert_list_op {
+  const From* in;
+  To* out;
+
+  static constexpr int lanes = vector_lanes<From, To>;
+  __host__ __device__ bool aligned() const {
+    return chunk_aligned(in, lanes, sizeof(From)) && chunk_aligned(out, lanes, sizeof(To));
+  }
+  __device__ static convert_list_op at(const convert_tensor<From, To>& t, std::int64_t begin,
+                                       no_constants) {
+    return {t.in + begin, t.out + begin};
+  }
+  template <int Lanes>
+  __device__ void apply(std::int64_t first) const {
+    const auto values = load_pack<Lanes>(in + first);
+    lane_pack<To, Lanes> converted;
+#pragma unroll
+    for (int l = 0; l < Lanes; ++l) converted.value[l] = convert_op<From, To>{}(values.value[l]);
+    store_pack<Lanes>(out + first, converted);
+  }
+};
+
+template <class From, class Into>
+struct accumulate_and_zero_op {
+  From* from;
+  Into* into;
+
+  static constexpr int lanes = vector_lanes<From, Into>;
+  __host__ __device__ bool aligned() const {
+    return chunk_aligned(from, lanes, sizeof(From)) && chunk_aligned(into, lanes, sizeof(Into));
+  }
+  __device__ static accumulate_and_zero_op at(const accumulate_tensor<From, Into>& t,
+                                              std::int64_t begin, no_constants) {
+    return {t.from + begin, t.into + begin};
+  }
+  template <int Lanes>
+  __device__ void apply(std::int64_t first) const {
+    const auto addends = load_pack<Lanes>(from + first);
+    auto sums = load_pack<Lanes>(into + first);
+    lane_pack<From, Lanes> zeros;
+#pragma unroll
+    for (int l = 0; l < Lanes; ++l) {
+      sums.value[l] = accumulate_op<From, Into>{}(sums.value[l], addends.value[l]);
+      zeros.value[l] = From(0.0f);
+    }
+    store_pack<Lanes>(into + first, sums);
+    store_pack<Lanes>(from + first, zeros);
+  }
+};
+
 }  // namespace cuda_impl
 
 template <>
@@ -204,6 +262,22 @@ struct elementwise_engine<cuda> {
                          std::int64_t count) {
     cuda_impl::map(exec, count, cuda_impl::accumulate_op<From, To>{}, into,
                    static_cast<const To*>(into), from);
+  }
+
+  // The lists: one launch per group of tensors, a block per unit (kernels/cuda/multi_tensor.cuh).
+  template <class From, class To>
+  static void convert(const execution<cuda>& exec, std::span<const convert_tensor<From, To>> list) {
+    cuda_impl::for_each_list_unit<cuda_impl::convert_list_op<From, To>,
+                                  multi_tensor::elementwise_unit>(
+        exec, list, cuda_impl::no_constants{}, "convert on cuda");
+  }
+
+  template <class From, class Into>
+  static void accumulate_and_zero(const execution<cuda>& exec,
+                                  std::span<const accumulate_tensor<From, Into>> list) {
+    cuda_impl::for_each_list_unit<cuda_impl::accumulate_and_zero_op<From, Into>,
+                                  multi_tensor::elementwise_unit>(
+        exec, list, cuda_impl::no_constants{}, "accumulate_and_zero on cuda");
   }
 
  private:

@@ -1,7 +1,7 @@
 // The optimizer updates on cuda tensors: AdamW and SGD elementwise over a list of tensors, one
-// launch per group of up to optimizer_capacity tensors (kernels/multi_tensor.hpp: one block per
-// unit of optimizer_unit elements, the group's pointers in the launch's parameters), 16-byte
-// accesses in a tensor whose operands are all aligned for them (kernels/cuda/map.cuh).
+// launch per group of tensors (kernels/cuda/multi_tensor.cuh: one block per unit of
+// optimizer_unit elements, the group's pointers in the launch's parameters), 16-byte accesses in a
+// tensor whose operands are all aligned for them (kernels/cuda/map.cuh).
 // Each element sees the host loop's operations in the host's order, every one rounded on its own
 // (__fmul_rn and friends: nvcc would otherwise fuse a * b + c into one FMA, and --use_fast_math
 // would approximate / and sqrt), so the device gives the host's bits wherever the host compiler
@@ -10,15 +10,14 @@
 
 #include <quintet/kernels/accumulator.hpp>
 #include <quintet/kernels/cuda/map.cuh>
+#include <quintet/kernels/cuda/multi_tensor.cuh>
 #include <quintet/kernels/cuda/unfused.cuh>
 #include <quintet/kernels/cuda_execution.hpp>
 #include <quintet/kernels/host/optimizer.hpp>
-#include <quintet/kernels/multi_tensor.hpp>
 #include <quintet/kernels/optimizer.hpp>
 
 #include <cstdint>
 #include <span>
-#include <vector>
 
 namespace quintet::kernels {
 
@@ -120,76 +119,6 @@ struct sgd_op {
   }
 };
 
-// Tensors per launch (not tuned; ~4 launches for the GPT-2 124M shape's ~150 parameters): the
-// group's records travel in the kernel's parameters, which every toolkit takes up to 4 KiB of.
-inline constexpr int optimizer_capacity = 40;
-
-// One launch's tensors: their records, and where each one's units start (multi_tensor::first_units
-// of the group, from 0; first_unit[size] is the group's units).
-template <class Record>
-struct tensor_group {
-  Record record[optimizer_capacity];
-  std::int64_t first_unit[optimizer_capacity + 1];
-  int size;
-};
-
-// Block b updates unit b of the group: Op::at binds the op to its tensor's range, which it walks
-// in chunks of Lanes elements where the tensor's operands are all aligned for them (units start at
-// multiples of optimizer_unit, which keeps each tensor's alignment), else one element at a time.
-// The group is read in place (__grid_constant__): it is indexed by the block's tensor.
-template <int Lanes, class Op, class Record, class Constants>
-__global__ void optimizer_group_kernel(const __grid_constant__ tensor_group<Record> group,
-                                       const Constants k) {
-  const auto at = multi_tensor::locate(group.first_unit, group.size, optimizer_unit,
-                                       std::int64_t{blockIdx.x});
-  const Record& t = group.record[at.tensor];
-  const std::int64_t remaining = t.count - at.begin;
-  const std::int64_t count = remaining < optimizer_unit ? remaining : optimizer_unit;
-  const Op op = Op::at(t, at.begin, k);
-  const auto element = [&](std::int64_t i) { op.template apply<1>(i); };
-  if (op.aligned()) {
-    for_each_share(
-        chunked_range{count, Lanes}, threadIdx.x, blockDim.x,
-        [&](std::int64_t first) { op.template apply<Lanes>(first); }, element);
-  } else {
-    for_each_share(chunked_range{count, 1}, threadIdx.x, blockDim.x, element, element);
-  }
-}
-
-// Every tensor of the list in launches of up to optimizer_capacity tensors. The operands were
-// checked by the entry point and the block counts are checked here before the first launch; a
-// launch that fails still leaves the earlier groups updated.
-template <class Op, class Record, class Constants>
-void update_tensors(const execution<cuda>& exec, std::span<const Record> tensors,
-                    const Constants& k) {
-  static_assert(sizeof(tensor_group<Record>) + sizeof(Constants) <= 4096,
-                "a launch's parameters stay within 4 KiB");
-  std::vector<std::int64_t> counts;
-  counts.reserve(tensors.size());
-  for (const Record& t : tensors) counts.push_back(t.count);
-  const std::vector<std::int64_t> first = multi_tensor::first_units(counts, optimizer_unit);
-  const auto groups = multi_tensor::groups_of(tensors.size(), optimizer_capacity);
-  for (const auto range : groups)
-    QUINTET_CHECK(first[range.end] - first[range.begin] <= 2147483647,
-                  "adamw/sgd on cuda: {} units of {} elements exceed one launch's blocks",
-                  first[range.end] - first[range.begin], optimizer_unit);
-  for (const auto range : groups) {
-    const std::int64_t units = first[range.end] - first[range.begin];
-    if (units == 0) continue;  // only tensors without elements
-    tensor_group<Record> group{};
-    group.size = static_cast<int>(range.size());
-    for (std::size_t i = 0; i < range.size(); ++i) {
-      group.record[i] = tensors[range.begin + i];
-      group.first_unit[i] = first[range.begin + i] - first[range.begin];
-    }
-    group.first_unit[range.size()] = units;
-    constexpr int threads = quintet::detail::elementwise_threads;
-    optimizer_group_kernel<Op::lanes, Op>
-        <<<static_cast<unsigned>(units), threads, 0, exec.native()>>>(group, k);
-    QUINTET_CUDA_CHECK(cudaGetLastError());
-  }
-}
-
 }  // namespace cuda_impl
 
 template <>
@@ -197,13 +126,15 @@ struct optimizer_engine<cuda> {
   template <class T, class Acc>
   static void adamw(const execution<cuda>& exec, std::span<const adamw_tensor<T, Acc>> tensors,
                     const host_impl::adamw_constants<Acc>& k) {
-    cuda_impl::update_tensors<cuda_impl::adamw_op<T, Acc>>(exec, tensors, k);
+    cuda_impl::for_each_list_unit<cuda_impl::adamw_op<T, Acc>, optimizer_unit>(exec, tensors, k,
+                                                                               "adamw on cuda");
   }
 
   template <class T, class Acc>
   static void sgd(const execution<cuda>& exec, std::span<const sgd_tensor<T, Acc>> tensors,
                   const host_impl::sgd_constants<Acc>& k) {
-    cuda_impl::update_tensors<cuda_impl::sgd_op<T, Acc>>(exec, tensors, k);
+    cuda_impl::for_each_list_unit<cuda_impl::sgd_op<T, Acc>, optimizer_unit>(exec, tensors, k,
+                                                                             "sgd on cuda");
   }
 };
 

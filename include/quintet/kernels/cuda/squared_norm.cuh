@@ -18,6 +18,7 @@
 
 #include <cub/block/block_reduce.cuh>
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -92,28 +93,21 @@ struct squared_norm_engine<cuda> {
     std::vector<double> totals(xs.size(), 0.0);
     if (xs.empty()) return totals;
     constexpr std::int64_t chunk = host_impl::squared_norm_chunk;
-    const std::vector<std::int64_t> first = multi_tensor::first_units(counts, chunk);
-    const std::int64_t chunks = first.back();
+    const auto plan = multi_tensor::plan_launches(counts, chunk, cuda_impl::squared_norm_capacity,
+                                                  "squared_norm on cuda");
+    const std::int64_t chunks = plan.first.back();
     const auto listed = static_cast<std::int64_t>(xs.size());
     // The chunks' sums, then the totals.
     tensor<double, cuda> sums(shape{chunks + listed}, exec.stream());
     constexpr int threads = cuda_impl::squared_norm_threads;
-    const auto groups = multi_tensor::groups_of(xs.size(), cuda_impl::squared_norm_capacity);
-    for (const auto range : groups)
-      QUINTET_CHECK(first[range.end] - first[range.begin] <= 2147483647,
-                    "squared_norm on cuda: {} chunks of {} elements exceed one launch's blocks",
-                    first[range.end] - first[range.begin], chunk);
-    for (const auto range : groups) {
-      const std::int64_t units = first[range.end] - first[range.begin];
+    for (const auto range : plan.groups) {
+      const std::int64_t units = plan.units(range);
       cuda_impl::squared_norm_group<T> group{};
       group.size = static_cast<int>(range.size());
-      for (std::size_t i = 0; i < range.size(); ++i) {
-        group.x[i] = xs[range.begin + i];
-        group.count[i] = counts[range.begin + i];
-        group.first_unit[i] = first[range.begin + i] - first[range.begin];
-      }
-      group.first_unit[range.size()] = units;
-      double* group_sums = sums.data() + first[range.begin];
+      std::copy(xs.begin() + range.begin, xs.begin() + range.end, group.x);
+      std::copy(counts.begin() + range.begin, counts.begin() + range.end, group.count);
+      plan.group_first_units(range, group.first_unit);
+      double* group_sums = sums.data() + plan.first[range.begin];
       if (units > 0) {
         cuda_impl::squared_norm_chunks_kernel<T, threads>
             <<<static_cast<unsigned>(units), threads, 0, exec.native()>>>(group, group_sums);
