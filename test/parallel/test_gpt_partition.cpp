@@ -20,6 +20,7 @@
 #include <cmath>
 #include <memory>
 #include <random>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -158,16 +159,18 @@ TEST_CASE("a stage keeps the context bytes gpt_piece_costs prices", "[pipeline][
 
 TEST_CASE("each rank's peak context bytes are the simulator's prediction",
           "[parity][pipeline][memory]") {
-  // Every schedule at p in {2, 4}, m in {p, 12} (equal micro-batches of 12 / m rows, so each
-  // stage's context has one size): the bytes every rank held at once, counted while running,
-  // against simulate() given each stage's context bytes from gpt_piece_costs and, for the split
-  // backwards, the bytes it prices from a stage's input pass to its weight pass (the test above
-  // holds both to real stages). BPipe's moves at p <= 4 are none; its p = 8 row is its own test.
+  // Every schedule at p in {2, 4} and BPipe at 8, m in {p, 12} where it divides the 12 rows
+  // (equal micro-batches, so each stage's context has one size): the bytes every rank held at
+  // once, counted while running, against simulate() given each stage's context bytes from
+  // gpt_piece_costs and, for the split backwards, the bytes it prices from a stage's input pass to
+  // its weight pass (the test above holds both to real stages). BPipe moves nothing at p <= 4, so
+  // it also runs at p = 8, where it parks contexts on the partner ranks.
   for (const auto& info : pl::builtin_schedules) {
-    for (const int p : {2, 4}) {
+    for (const int p : {2, 4, 8}) {
+      if (p == 8 && info.name != std::string_view("bpipe")) continue;
       for (const int m : {p, 12}) {
         const pl::schedule_shape shape{.ranks = p, .micro_batches = m};
-        if (!pl::accepts(info, shape)) continue;
+        if (!pl::accepts(info, shape) || batch_rows % m != 0) continue;
         const pl::schedule s = pl::generate(info.name, shape);
         const std::vector<int> layers = nn::even_layers(8, s.stages());
         const nn::gpt_config config = config_of(true);

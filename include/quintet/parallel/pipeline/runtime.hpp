@@ -301,6 +301,7 @@ class runtime {
   // A partner's context this rank keeps (BPipe), from ACCEPT to RETURN.
   struct parked {
     quintet::tensor<nn::packed_word, device_type> buffer;
+    std::size_t bytes = 0;  // the context's, as its owner counts it (the buffer adds padding)
     std::size_t batch = 0;  // the one receiving it
   };
 
@@ -404,9 +405,11 @@ class runtime {
         QUINTET_CHECK(here.ctx.has_value(),
                       "pipeline runtime: {} evicts a context it does not hold", where(a, index));
         nn::packed_context<device_type> packed = nn::pack(*here.ctx);
-        quintet::tensor<nn::packed_word, host> words(shape{1});
+        // Its size first: the buffer's words and the context's bytes.
+        quintet::tensor<nn::packed_word, host> words(shape{2});
         words(0) = packed.buffer().numel();
-        auto& count = batches.back().sent_words.emplace_back(shape{1});
+        words(1) = static_cast<nn::packed_word>(packed.bytes());
+        auto& count = batches.back().sent_words.emplace_back(shape{2});
         copy(count, words);
         auto& buffer = batches.back().sent_words.emplace_back(packed.buffer().shape());
         copy(buffer, packed.buffer());
@@ -421,12 +424,13 @@ class runtime {
         QUINTET_CHECK(!accepted.contains(at), "pipeline runtime: {} accepts a context twice",
                       where(a, index));
         flush();
-        quintet::tensor<nn::packed_word, device_type> count(shape{1});
+        quintet::tensor<nn::packed_word, device_type> count(shape{2});
         pp_->recv(count, a.peer);  // blocking: the buffer's size comes first
-        quintet::tensor<nn::packed_word, host> words(shape{1});
+        quintet::tensor<nn::packed_word, host> words(shape{2});
         copy(words, count);
         parked& kept = accepted[at];
         kept.buffer = quintet::tensor<nn::packed_word, device_type>(shape{words(0)});
+        kept.bytes = static_cast<std::size_t>(words(1));
         kept.batch = batches.size() - 1;
         ops.push_back(p2p_op::recv(kept.buffer, a.peer));
         return;
@@ -547,7 +551,9 @@ class runtime {
 
   // Contexts held after an action (or a run of transfers), as the verifier counts them: own ones
   // from F to their last backward except while evicted (one coming back counts from its RELOAD),
-  // and accepted ones from ACCEPT to RETURN.
+  // and accepted ones from ACCEPT to RETURN. Bytes are the contexts' tensors' (context::bytes())
+  // wherever a context is, as the simulator prices them; a packed buffer's alignment padding (at
+  // most 63 bytes per tensor) is not counted.
   void measure(const std::map<key, slot>& slots, const std::map<key, parked>& accepted) {
     int contexts = 0;
     std::size_t bytes = 0;
@@ -562,7 +568,7 @@ class runtime {
     }
     for (const auto& [at, kept] : accepted) {
       ++contexts;
-      bytes += static_cast<std::size_t>(kept.buffer.numel()) * sizeof(nn::packed_word);
+      bytes += kept.bytes;
     }
     stats_.peak_contexts = std::max(stats_.peak_contexts, contexts);
     stats_.peak_context_bytes = std::max(stats_.peak_context_bytes, bytes);
