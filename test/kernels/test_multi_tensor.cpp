@@ -1,8 +1,9 @@
-// Updates and squared norms over a list of tensors in one pass: the geometry (every element of
-// every tensor in exactly one unit, a unit inside one tensor, groups within their capacity, a
-// launch plan's numbering and its block limit), and the host's list calls giving each tensor the
-// bits of the one-tensor loop (host_impl, run alone and serially; SGD with and without momentum),
-// on one and three threads, with tensors of no elements and of several units, and an empty list.
+// Updates, squared norms, convert and accumulate_and_zero over a list of tensors in one pass: the
+// geometry (every element of every tensor in exactly one unit, a unit inside one tensor, groups
+// within their capacity, a launch plan's numbering and its block limit), and the host's list calls
+// giving each tensor the bits of the one-tensor loop (host_impl, run alone and serially; SGD with
+// and without momentum), on one and three threads, with tensors of no elements and of several
+// units, and an empty list.
 #include "kernel_test_support.hpp"
 
 #include <quintet/kernels/elementwise.hpp>

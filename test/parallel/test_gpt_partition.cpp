@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cmath>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string_view>
 #include <utility>
@@ -186,12 +187,18 @@ TEST_CASE("each rank's peak context bytes are the simulator's prediction",
         }
         const pl::simulation predicted = pl::simulate(s, costs);
         std::vector<std::size_t> held(static_cast<std::size_t>(p));
+        std::vector<int> moved(static_cast<std::size_t>(p));
         quintet::thread_world{.size = p, .timeout = std::chrono::seconds(30)}.run(
             [&](quintet::thread_comm& world) {
               quintet::device_mesh<quintet::thread_comm> mesh(world, {.pp = p});
-              held[static_cast<std::size_t>(world.rank())] =
-                  pipeline_rank<double>(mesh.pp(), s, true).stats.peak_context_bytes;
+              const auto stats = pipeline_rank<double>(mesh.pp(), s, true).stats;
+              held[static_cast<std::size_t>(world.rank())] = stats.peak_context_bytes;
+              moved[static_cast<std::size_t>(world.rank())] = stats.contexts_moved;
             });
+        if (p == 8) {  // the parked contexts this row is for
+          INFO("bpipe, p 8, m " << m);
+          CHECK(std::accumulate(moved.begin(), moved.end(), 0) > 0);
+        }
         for (int r = 0; r < p; ++r) {
           INFO("schedule " << info.name << ", p " << p << ", m " << m << ", rank " << r);
           CHECK(static_cast<double>(held[static_cast<std::size_t>(r)]) ==

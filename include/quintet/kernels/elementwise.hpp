@@ -278,6 +278,8 @@ struct convert_operands {
 template <class From, class To, device_tag Device>
 void convert(const execution<Device>& exec,
              const std::vector<convert_operands<From, To, Device>>& list) {
+  static_assert(floating_element<From> && floating_element<To>,
+                "convert: both element types must be floating (float, double, bf16, half)");
   std::vector<convert_tensor<From, To>> tensors;
   tensors.reserve(list.size());
   for (std::size_t i = 0; i < list.size(); ++i) {
@@ -305,6 +307,7 @@ struct accumulate_operands {
 template <class From, class Into, device_tag Device>
 void accumulate_and_zero(const execution<Device>& exec,
                          const std::vector<accumulate_operands<From, Into, Device>>& list) {
+  static_assert(floating_element<From>, "accumulate_and_zero: the addend must be floating");
   static_assert(std::same_as<Into, float> || std::same_as<Into, double>,
                 "accumulate_and_zero: the sum must be float or double");
   static_assert(sizeof(From) <= sizeof(Into),

@@ -16,9 +16,6 @@
 #include <quintet/kernels/multi_tensor.hpp>
 #include <quintet/kernels/operand.hpp>
 
-#include <fmt/format.h>
-
-#include <algorithm>
 #include <cmath>
 #include <concepts>
 #include <cstdint>

@@ -22,6 +22,7 @@
 #include <quintet/kernels/execution.hpp>
 #include <quintet/nn/parameter.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <type_traits>
@@ -81,12 +82,13 @@ class master_weights {
     in_step_ = true;
   }
 
-  // The model announced these parameters' gradients of one micro-batch complete: each is added
-  // into its master gradient (exactly widened, summed in fp32) and zeroed for the next, all in one
-  // pass. Returns
-  // the master parameters, in the same order, for whoever reduces them. Outside a step (between
-  // begin_step and finish_backward: a backward of the model alone) nothing is touched and nothing
-  // returned, as data parallelism ignores such announcements.
+  // The model announced these parameters' gradients of one micro-batch complete (a piece's: a
+  // block, the head, the embedding): each is added into its master gradient (exactly widened,
+  // summed in fp32) and zeroed for the next, the set in one pass. Returns the master parameters,
+  // in the same order, for whoever reduces them. Outside a step (between begin_step and
+  // finish_backward: a backward of the model alone) nothing is touched and nothing returned, as
+  // data parallelism ignores such announcements. A parameter listed twice is an error (one pass
+  // would add and zero it twice at once).
   std::vector<nn::parameter<master_type, Device>*> accumulate(
       std::span<nn::parameter<T, Device>* const> ready) {
     std::vector<nn::parameter<master_type, Device>*> masters;
@@ -94,8 +96,13 @@ class master_weights {
     masters.reserve(ready.size());
     std::vector<kernels::accumulate_operands<T, master_type, Device>> moves;
     moves.reserve(ready.size());
+    std::vector<std::size_t> listed;
+    listed.reserve(ready.size());
     for (auto* p : ready) {
       const std::size_t at = index_of(*p);
+      QUINTET_CHECK(std::find(listed.begin(), listed.end(), at) == listed.end(),
+                    "mixed precision: parameter '{}' is announced twice in one set", p->name);
+      listed.push_back(at);
       auto& [model, master] = pairs_[at];
       ++accumulated_[at];
       moves.push_back({model->grad, master->grad});

@@ -230,9 +230,9 @@ void check_list_convert_and_accumulate() {
   const std::vector<std::int64_t> pattern = {0, 1, 17, 1000, unit, 3 * unit + 5, 4099};
   std::uint64_t stream = 1700;
   std::vector<tensor<From, host>> narrow;
-  std::vector<tensor<To, host>> wide, converted;
+  std::vector<tensor<To, host>> wide;
   std::vector<tensor<From, device>> narrow_storage;
-  std::vector<tensor<To, device>> wide_storage, converted_storage;
+  std::vector<tensor<To, device>> wide_storage;
   std::vector<k::convert_operands<To, From, host>> convert_host;
   std::vector<k::convert_operands<To, From, device>> convert_device;
   std::vector<k::accumulate_operands<From, To, host>> accumulate_host;

@@ -21,9 +21,10 @@
 // once is measured (run_stats). Overlapped pairs (DualPipeV's F&B) run their two halves one after
 // the other (forward first: neither half needs the other), so nothing of the pair's overlap is
 // gained yet. BPipe's context moves carry nn::packed_context buffers:
-//   EVICT   the owner packs the context, keeps its manifest, sends (words, buffer), frees it
-//   ACCEPT  the partner receives the word count (blocking: the buffer's size is known only then),
-//           then posts the buffer's receive, and keeps the buffer without looking into it
+//   EVICT   the owner packs the context, keeps its manifest, sends its size (the buffer's words
+//           and the context's bytes) and the buffer, frees it
+//   ACCEPT  the partner receives the size (blocking: the buffer's is known only then), then posts
+//           the buffer's receive, and keeps the buffer without looking into it
 //   RETURN  the partner sends the buffer back
 //   RELOAD  the owner receives it into a buffer its manifest sizes; the backward that needs the
 //           context waits for it and unpacks
