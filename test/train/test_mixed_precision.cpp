@@ -332,7 +332,7 @@ TEST_CASE("master_weights sums each micro-batch's bf16 gradient in fp32 and roun
     }
     master.finish_backward(2);
   }
-  SECTION("a gradient accumulated too often or never is an error naming it") {
+  SECTION("a gradient accumulated too often, never or twice in one set is an error naming it") {
     master.begin_step();
     master.accumulate(both);
     master.accumulate(only_w);
@@ -348,6 +348,14 @@ TEST_CASE("master_weights sums each micro-batch's bf16 gradient in fp32 and roun
     master.begin_step();
     REQUIRE_THROWS_WITH(master.accumulate(foreign),
                         Catch::Contains("parameter 'w' is not one of the model's"));
+    // A set naming w twice is refused before anything is counted: w's one announcement after it
+    // makes a complete step.
+    quintet::nn::parameter<bf16, host>* const w_twice[] = {&w, &b, &w};
+    master.begin_step();
+    REQUIRE_THROWS_WITH(master.accumulate(w_twice),
+                        Catch::Contains("parameter 'w' is announced twice in one set"));
+    master.accumulate(both);
+    master.finish_backward(1);
   }
   SECTION("write_back rounds the master values to nearest even") {
     for (std::int64_t i = 0; i < mw.value.numel(); ++i)

@@ -93,9 +93,7 @@ class master_weights {
       std::span<nn::parameter<T, Device>* const> ready) {
     std::vector<nn::parameter<master_type, Device>*> masters;
     if (!in_step_) return masters;
-    masters.reserve(ready.size());
-    std::vector<kernels::accumulate_operands<T, master_type, Device>> moves;
-    moves.reserve(ready.size());
+    // Checked whole before anything is counted or moved.
     std::vector<std::size_t> listed;
     listed.reserve(ready.size());
     for (auto* p : ready) {
@@ -103,6 +101,11 @@ class master_weights {
       QUINTET_CHECK(std::find(listed.begin(), listed.end(), at) == listed.end(),
                     "mixed precision: parameter '{}' is announced twice in one set", p->name);
       listed.push_back(at);
+    }
+    masters.reserve(ready.size());
+    std::vector<kernels::accumulate_operands<T, master_type, Device>> moves;
+    moves.reserve(ready.size());
+    for (const std::size_t at : listed) {
       auto& [model, master] = pairs_[at];
       ++accumulated_[at];
       moves.push_back({model->grad, master->grad});
