@@ -1,7 +1,8 @@
 // How one pass covers a list of tensors (the optimizer updates, the squared norms of every
 // gradient, mixed precision's list convert and accumulate_and_zero: one parallel_for on the host,
-// one launch per group of tensors on cuda, instead of one per tensor). Each tensor's elements are cut into units of `unit` elements from its own start
-// (its last unit shorter), and the units of all tensors are numbered in list order:
+// one launch per group of tensors on cuda, instead of one per tensor). Each tensor's elements are
+// cut into units of `unit` elements from its own start (its last unit shorter), and the units of
+// all tensors are numbered in list order:
 //
 //   counts  [ 5          | 0 | 12                            ]     unit = 4
 //   units   [ 0    | 1   |   | 2    | 3    | 4    ]                first = {0, 2, 2, 5}
