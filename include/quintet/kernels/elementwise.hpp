@@ -230,6 +230,21 @@ void fill(const execution<Device>& exec, X&& x, typename std::remove_cvref_t<X>:
   elementwise_engine<Device>::fill(exec, xv.data(), value, xv.numel());
 }
 
+namespace detail {
+
+// What convert and accumulate ask of their two operands, one tensor or one of a list: both
+// contiguous, of one shape, on one device.
+template <class A, class B>
+void check_contiguous_pair(const A& a, const B& b, const char* kernel, const char* a_name,
+                           const char* b_name) {
+  require_contiguous(a, kernel, a_name);
+  require_contiguous(b, kernel, b_name);
+  check_same_shape(a, b, kernel);
+  check_same_device(a, b, kernel);
+}
+
+}  // namespace detail
+
 // out = in, element by element, in out's floating type (float, double, bf16, half): exact when
 // widening, rounding to nearest even when narrowing to 16 bits.
 template <device_tag Device, class In, class Out>
@@ -238,10 +253,7 @@ void convert(const execution<Device>& exec, const In& in, Out&& out) {
   const auto ov = output_view(out);
   detail::check_operand_types<Device, decltype(iv)>();
   detail::check_operand_types<Device, decltype(ov)>();
-  require_contiguous(iv, "convert", "in");
-  require_contiguous(ov, "convert", "out");
-  check_same_shape(iv, ov, "convert");
-  check_same_device(iv, ov, "convert");
+  detail::check_contiguous_pair(iv, ov, "convert", "in", "out");
   elementwise_engine<Device>::convert(exec, iv.data(), ov.data(), iv.numel());
 }
 
@@ -260,10 +272,7 @@ void accumulate(const execution<Device>& exec, const From& from, Into&& into) {
                 "accumulate: the sum must be float or double");
   static_assert(sizeof(from_type) <= sizeof(into_type),
                 "accumulate: the addend must not be wider than the sum (it is widened exactly)");
-  require_contiguous(fv, "accumulate", "from");
-  require_contiguous(iv, "accumulate", "into");
-  check_same_shape(fv, iv, "accumulate");
-  check_same_device(fv, iv, "accumulate");
+  detail::check_contiguous_pair(fv, iv, "accumulate", "from", "into");
   elementwise_engine<Device>::accumulate(exec, fv.data(), iv.data(), fv.numel());
 }
 
@@ -285,10 +294,7 @@ void convert(const execution<Device>& exec,
   for (std::size_t i = 0; i < list.size(); ++i) {
     const std::string kernel = multi_tensor::list_kernel_name("convert", i, list.size());
     const auto& [in, out] = list[i];
-    require_contiguous(in, kernel.c_str(), "in");
-    require_contiguous(out, kernel.c_str(), "out");
-    check_same_shape(in, out, kernel.c_str());
-    check_same_device(in, out, kernel.c_str());
+    detail::check_contiguous_pair(in, out, kernel.c_str(), "in", "out");
     tensors.push_back({in.data(), out.data(), in.numel()});
   }
   elementwise_engine<Device>::convert(exec, std::span<const convert_tensor<From, To>>(tensors));
@@ -319,10 +325,7 @@ void accumulate_and_zero(const execution<Device>& exec,
     const std::string kernel =
         multi_tensor::list_kernel_name("accumulate_and_zero", i, list.size());
     const auto& [from, into] = list[i];
-    require_contiguous(from, kernel.c_str(), "from");
-    require_contiguous(into, kernel.c_str(), "into");
-    check_same_shape(from, into, kernel.c_str());
-    check_same_device(from, into, kernel.c_str());
+    detail::check_contiguous_pair(from, into, kernel.c_str(), "from", "into");
     tensors.push_back({from.data(), into.data(), from.numel()});
   }
   elementwise_engine<Device>::accumulate_and_zero(
