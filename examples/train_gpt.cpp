@@ -383,7 +383,7 @@ int train(const Source& source, const Source* held_out, program_options options)
 #if defined(QUINTET_WITH_MPI)
   if (options.mpi) {
     set_peak(options, exec);
-    // The world is mpirun's: a rank that throws takes the job down, naming itself.
+    // The world is mpirun's: a rank that throws makes the others raise, then ends the job.
     quintet::mpi_session{}.run(
         [&](quintet::mpi_comm& world) { run_parallel_rank(source, held_out, options, world); });
     return 0;

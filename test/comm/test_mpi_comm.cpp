@@ -1,6 +1,9 @@
 // mpi_comm under mpirun (-np 2 and -np 4): the same semantic checks thread_comm passes, the
-// asynchronous forms, the consistency check, and (with --abort, --abort-dropped) a throwing rank
-// or a failed request nobody waited for, which take the job down with their message.
+// asynchronous forms, the consistency check, and the failure paths: a throwing rank whose peers
+// raise comm_error through the fault line (--abort, --abort-recv, --abort-async), a peer held in a
+// blocking collective until the grace period ends (--abort-blocking), and a failed request nobody
+// waited for (--abort-dropped). Each ends the job through mpi_session with the messages CTest
+// matches.
 #define CATCH_CONFIG_RUNNER
 #include "collective_checks.hpp"
 
@@ -12,10 +15,13 @@
 
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 using namespace quintet;
@@ -155,15 +161,46 @@ TEST_CASE("mpi_comm: a receive longer than the message is a comm_error", "[comm]
 
 int main(int argc, char* argv[]) {
   mpi_session session(&argc, &argv);
-  if (argc > 1 && std::strcmp(argv[1], "--abort") == 0) {
-    // Rank 1 throws; the others wait in a collective that only MPI_Abort can end.
-    session.run([](mpi_comm& world) {
-      if (world.rank() == 1) throw quintet::error("deliberate failure on rank 1");
-      world.barrier();
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "--abort" || mode == "--abort-recv" || mode == "--abort-async") {
+    // Rank 1 throws (a moment late, so that the others are already waiting); the others wait for
+    // it in a barrier, a receive or an asynchronous all-reduce, and raise comm_error naming it.
+    // One naming anything else is reported.
+    session.run([&](mpi_comm& world) {
+      if (world.rank() == 1) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        throw quintet::error("deliberate failure on rank 1");
+      }
+      try {
+        tensor<float, host> values(shape{8});
+        if (mode == "--abort") {
+          world.barrier();
+        } else if (mode == "--abort-recv") {
+          world.recv(values, 1, 7);
+        } else {
+          world.all_reduce_async(values).wait();
+        }
+      } catch (const comm_error& failure) {
+        if (!std::strstr(failure.what(), "rank 1 (world) failed: deliberate failure on rank 1"))
+          std::fprintf(stderr, "unexpected comm_error on rank %d: %s\n", world.rank(),
+                       failure.what());
+        throw;
+      }
     });
     return 0;
   }
-  if (argc > 1 && std::strcmp(argv[1], "--abort-dropped") == 0) {
+  if (mode == "--abort-blocking") {
+    // Rank 0 is inside a blocking all-reduce that cannot be interrupted: rank 1 ends the job
+    // once the grace period has passed.
+    session.set_grace(std::chrono::milliseconds(1000));
+    session.run([](mpi_comm& world) {
+      if (world.rank() == 1) throw quintet::error("deliberate failure on rank 1");
+      tensor<float, host> values(shape{8});
+      world.all_reduce(values);
+    });
+    return 0;
+  }
+  if (mode == "--abort-dropped") {
     // The ranks disagree about an all_reduce whose request nobody waits for: its destructor
     // cannot throw, so it aborts the job with the error.
     session.run(

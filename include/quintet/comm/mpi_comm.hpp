@@ -1,6 +1,7 @@
 // mpi_comm: the communicator over an MPI communicator (Open MPI, launched with mpirun), with the
 // same semantics as thread_comm (asynchronous forms on MPI's non-blocking collectives);
-// mpi_session initialises MPI and turns a throwing rank into an MPI_Abort of the job.
+// mpi_session initialises MPI and, when a rank throws, makes the others raise comm_error through
+// the fault line (mpi_fault_line.hpp) before it ends the job with MPI_Abort.
 #pragma once
 
 #if !defined(QUINTET_WITH_MPI)
@@ -10,6 +11,7 @@
 #include <quintet/comm/comm_error.hpp>
 #include <quintet/comm/comm_request.hpp>
 #include <quintet/comm/communicator.hpp>
+#include <quintet/comm/mpi_fault_line.hpp>
 #include <quintet/core/bf16.hpp>
 #include <quintet/core/dtype.hpp>
 #include <quintet/core/half.hpp>
@@ -17,6 +19,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstdint>
 #include <cstdio>
@@ -40,21 +43,6 @@
 namespace quintet {
 
 namespace detail {
-
-[[noreturn]] inline void raise_mpi_error(int code, const char* call) {
-  char text[MPI_MAX_ERROR_STRING] = {};
-  int length = 0;
-  MPI_Error_string(code, text, &length);
-  throw comm_error(
-      detail::format_message("quintet: {} failed: {}", call, std::string(text, length)));
-}
-
-#define QUINTET_MPI_CALL(call)                                       \
-  do {                                                               \
-    const int quintet_mpi_status = (call);                           \
-    if (quintet_mpi_status != MPI_SUCCESS)                           \
-      ::quintet::detail::raise_mpi_error(quintet_mpi_status, #call); \
-  } while (false)
 
 // 16-bit floats travel as 16-bit words and are reduced as fp32 copies.
 inline MPI_Datatype mpi_type_of(dtype type) {
@@ -135,8 +123,8 @@ inline void divide_by(const comm_buffer& buffer, int divisor) {
   }
 }
 
-// Prints the rank and `message`, then ends the job: what a failing rank does under MPI, which
-// cannot unblock its peers any other way.
+// Prints the rank and `message`, then ends the job: what a failing rank does when there is no
+// fault line (no mpi_session) to tell its peers.
 [[noreturn]] inline void abort_mpi_job(const char* message) {
   int world_rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
@@ -200,6 +188,8 @@ class mpi_request_state final : public pending_operation {
   std::vector<std::byte> copy;
   std::vector<int> layout;
   std::function<void(mpi_request_state&)> finish;  // none: only MPI's status is checked
+  // Sends and receives, whose requests MPI can cancel when a peer's failure stops the wait.
+  bool point_to_point = false;
 
   // Starting the operation failed; wait() rethrows it once what did start is complete.
   void fail(std::exception_ptr error) { error_ = std::move(error); }
@@ -216,16 +206,29 @@ class mpi_request_state final : public pending_operation {
   }
 
   bool ready() override {
+    if (fault_line().is_open() && fault_line().failed()) return true;  // wait() throws at once
     for (mpi_request_state* op = this; op != nullptr && !op->completed_; op = op->previous_.get()) {
       if (!op->test()) return false;
     }
     return true;
   }
 
-  void abandon(const std::string& message) noexcept override { abort_mpi_job(message.c_str()); }
+  // Under mpi_session, this rank's failure goes out on the fault line (unless a failure is known
+  // already: then the rank is stopping on it) and its next operation raises it; without the
+  // line, the job ends here.
+  void abandon(const std::string& message) noexcept override {
+    mpi_fault_line& line = fault_line();
+    if (!line.is_open()) abort_mpi_job(message.c_str());
+    try {
+      if (!line.failed()) line.announce(message);
+    } catch (const std::exception& failure) {
+      abort_mpi_job(failure.what());
+    }
+  }
 
   // Completes the operations issued before this one, oldest first, then this one. Their errors
-  // are kept for their own wait().
+  // are kept for their own wait(); a known failure on the fault line becomes the error of each
+  // that had not completed.
   void complete() noexcept {
     std::vector<mpi_request_state*> chain;
     for (mpi_request_state* op = this; op != nullptr && !op->completed_; op = op->previous_.get()) {
@@ -249,8 +252,19 @@ class mpi_request_state final : public pending_operation {
   void complete_own() noexcept {
     if (!transferred_) {
       statuses_.resize(requests.size());
-      status_ = MPI_Waitall(static_cast<int>(requests.size()), requests.data(), statuses_.data());
-      transferred_ = true;
+      try {
+        status_ = wait_all_or_fault(requests, statuses_.data());
+        transferred_ = true;
+      } catch (...) {
+        // A peer failed: the requests are left to the job's abort; receives are cancelled first,
+        // so that MPI does not write into buffers the unwinding frees.
+        if (point_to_point) {
+          for (MPI_Request& request : requests) {
+            if (request != MPI_REQUEST_NULL) MPI_Cancel(&request);
+          }
+        }
+        if (!error_) error_ = std::current_exception();
+      }
     }
     if (!error_) {
       try {
@@ -336,11 +350,18 @@ class mpi_comm : public communicator_api<mpi_comm, host> {
     std::swap(last_, other.last_);
   }
 
-  // Blocking calls first complete the operations issued before them (errors stay with those).
+  // Blocking calls first complete the operations issued before them (errors stay with those),
+  // then raise a failure the fault line knows of.
   void complete_pending() {
-    if (!last_) return;
-    last_->complete();
-    last_.reset();
+    if (last_) {
+      last_->complete();
+      last_.reset();
+    }
+    check_fault_line();
+  }
+
+  static void check_fault_line() {
+    if (detail::fault_line().is_open()) detail::fault_line().check();
   }
 
   // Starts an asynchronous operation after the pending ones: `start(state)` posts it; an error
@@ -349,6 +370,7 @@ class mpi_comm : public communicator_api<mpi_comm, host> {
   comm_request start(Start start_operation) {
     auto state = std::make_shared<detail::mpi_request_state>(std::move(last_));
     try {
+      check_fault_line();
       start_operation(*state);
     } catch (...) {
       state->fail(std::current_exception());
@@ -619,14 +641,23 @@ class mpi_comm : public communicator_api<mpi_comm, host> {
     std::vector<MPI_Request> requests(ops.size(), MPI_REQUEST_NULL);
     post_exchange(ops, requests.data());
     std::vector<MPI_Status> statuses(ops.size());
-    const int status =
-        MPI_Waitall(static_cast<int>(requests.size()), requests.data(), statuses.data());
+    int status = MPI_SUCCESS;
+    try {
+      status = detail::wait_all_or_fault(requests, statuses.data());
+    } catch (...) {
+      // A peer failed: cancelled receives do not write into the buffers the unwinding frees.
+      for (MPI_Request& request : requests) {
+        if (request != MPI_REQUEST_NULL) MPI_Cancel(&request);
+      }
+      throw;
+    }
     detail::check_exchange(ops, statuses, status, rank_);
   }
 
   comm_request do_exchange_async(std::span<const p2p_op> ops) {
     return start([&](detail::mpi_request_state& state) {
       state.requests.assign(ops.size(), MPI_REQUEST_NULL);
+      state.point_to_point = true;
       post_exchange(ops, state.requests.data());
       state.finish = [batch = std::vector<p2p_op>(ops.begin(), ops.end()),
                       rank = rank_](detail::mpi_request_state& done) {
@@ -650,10 +681,14 @@ class mpi_comm : public communicator_api<mpi_comm, host> {
     }
   }
 
+  // Non-blocking inside, so that a rank waiting for a failed peer raises (the fault line).
   void do_barrier() {
     complete_pending();
     agree("barrier", dtype::f32, 0);
-    QUINTET_MPI_CALL(MPI_Barrier(comm_));
+    MPI_Request request = MPI_REQUEST_NULL;
+    QUINTET_MPI_CALL(MPI_Ibarrier(comm_, &request));
+    const int status = detail::wait_all_or_fault(std::span(&request, 1), MPI_STATUSES_IGNORE);
+    if (status != MPI_SUCCESS) detail::raise_mpi_error(status, "MPI_Ibarrier");
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;
@@ -665,9 +700,13 @@ class mpi_comm : public communicator_api<mpi_comm, host> {
   std::shared_ptr<detail::mpi_request_state> last_;
 };
 
-// mpi_session: initialises MPI (unless the program already did) and finalises what it
-// initialised. run(fn) calls fn(world) and turns an exception on any rank into MPI_Abort of the
-// whole job, after printing the rank and its message: MPI cannot unblock peers any other way.
+// mpi_session: initialises MPI (unless the program already did), opens the fault line, and
+// finalises what it initialised; collective over MPI_COMM_WORLD. run(fn) calls fn(world). When
+// fn throws on a rank, the rank prints its message and announces it on the fault line: each rank
+// waiting on it in mpi_comm raises comm_error naming it, and in turn prints and announces. The
+// rank that failed first waits until every other rank has announced, or the grace period has
+// passed (a rank held in a blocking collective or a long computation), then ends the job with
+// MPI_Abort: MPI's pending operations cannot be undone otherwise.
 class mpi_session {
  public:
   mpi_session(int* argc, char*** argv) {
@@ -678,6 +717,7 @@ class mpi_session {
       QUINTET_MPI_CALL(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
       owns_ = true;
     }
+    detail::fault_line().open();
   }
   mpi_session() : mpi_session(nullptr, nullptr) {}
   mpi_session(const mpi_session&) = delete;
@@ -685,7 +725,17 @@ class mpi_session {
   ~mpi_session() {
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (owns_ && !finalized) MPI_Finalize();
+    if (finalized) return;
+    detail::fault_line().close();
+    if (owns_) MPI_Finalize();
+  }
+
+  // How long a failed rank waits for the others to raise before it ends the job.
+  std::chrono::milliseconds grace() const { return grace_; }
+  void set_grace(std::chrono::milliseconds grace) {
+    QUINTET_CHECK(grace.count() >= 0, "mpi_session grace must not be negative, got {} ms",
+                  grace.count());
+    grace_ = grace;
   }
 
   template <class Fn>
@@ -693,15 +743,54 @@ class mpi_session {
     try {
       mpi_comm world(MPI_COMM_WORLD, check_consistency);
       fn(world);
+      // A failure announced by a dropped request, or a peer's, that no later operation raised.
+      detail::fault_line().check();
     } catch (const std::exception& failure) {
-      detail::abort_mpi_job(failure.what());
+      stop(failure.what());
     } catch (...) {
-      detail::abort_mpi_job("an exception not derived from std::exception");
+      stop("an exception not derived from std::exception");
     }
   }
 
  private:
+  [[noreturn]] void stop(const char* message) noexcept {
+    detail::mpi_fault_line& line = detail::fault_line();
+    if (!line.is_open()) detail::abort_mpi_job(message);
+    const bool for_peer = line.stopped_by_peer();
+    std::fprintf(stderr, "quintet: mpi rank %d %s: %s\n", line.rank(),
+                 for_peer ? "stopped" : "failed", message);
+    std::fflush(stderr);
+    try {
+      line.announce(message);
+      // A rank that stopped for a peer leaves the abort to the rank that failed, and waits twice
+      // the grace before it aborts itself (that rank may have died).
+      const auto deadline = std::chrono::steady_clock::now() + (for_peer ? 2 : 1) * grace_;
+      const std::vector<int> silent = line.await_peers(deadline);
+      std::string summary;
+      if (for_peer) {
+        line.listen_until(deadline);
+        summary = detail::format_message("no rank ended the job within {} ms", 2 * grace_.count());
+      } else if (silent.empty()) {
+        summary = "every other rank stopped";
+      } else {
+        std::string ranks;
+        for (const int rank : silent) ranks += (ranks.empty() ? "" : ", ") + std::to_string(rank);
+        summary =
+            detail::format_message("rank(s) {} did not stop within {} ms", ranks, grace_.count());
+      }
+      std::fprintf(stderr, "quintet: mpi rank %d: %s; aborting the job\n", line.rank(),
+                   summary.c_str());
+    } catch (const std::exception& failure) {
+      std::fprintf(stderr, "quintet: mpi rank %d: the fault line failed (%s); aborting the job\n",
+                   line.rank(), failure.what());
+    }
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    std::abort();  // MPI_Abort does not return
+  }
+
   bool owns_ = false;
+  std::chrono::milliseconds grace_{30000};
 };
 
 }  // namespace quintet
