@@ -1,6 +1,7 @@
 // mpi_comm under mpirun (-np 2 and -np 4): the same semantic checks thread_comm passes, the
 // asynchronous forms, the consistency check, and the failure paths: a throwing rank whose peers
-// raise comm_error through the fault line (--abort, --abort-recv, --abort-async), a peer held in a
+// raise comm_error through the fault line (--abort, --abort-recv, --abort-async, and
+// --abort-nested in a second session), a peer held in a
 // blocking collective until the grace period ends (--abort-blocking), and a failed request nobody
 // waited for (--abort-dropped). Each ends the job through mpi_session with the messages CTest
 // matches.
@@ -19,6 +20,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -162,18 +164,22 @@ TEST_CASE("mpi_comm: a receive longer than the message is a comm_error", "[comm]
 int main(int argc, char* argv[]) {
   mpi_session session(&argc, &argv);
   const std::string mode = argc > 1 ? argv[1] : "";
-  if (mode == "--abort" || mode == "--abort-recv" || mode == "--abort-async") {
+  if (mode == "--abort" || mode == "--abort-recv" || mode == "--abort-async" ||
+      mode == "--abort-nested") {
     // Rank 1 throws (a moment late, so that the others are already waiting); the others wait for
     // it in a barrier, a receive or an asynchronous all-reduce, and raise comm_error naming it.
-    // One naming anything else is reported.
-    session.run([&](mpi_comm& world) {
+    // One naming anything else is reported. --abort-nested runs in a second session inside the
+    // first, as train_gpt does: the two share one fault line.
+    std::optional<mpi_session> inner;
+    if (mode == "--abort-nested") inner.emplace();
+    (inner ? *inner : session).run([&](mpi_comm& world) {
       if (world.rank() == 1) {
         std::this_thread::sleep_for(std::chrono::milliseconds(200));
         throw quintet::error("deliberate failure on rank 1");
       }
       try {
         tensor<float, host> values(shape{8});
-        if (mode == "--abort") {
+        if (mode == "--abort" || mode == "--abort-nested") {
           world.barrier();
         } else if (mode == "--abort-recv") {
           world.recv(values, 1, 7);
@@ -194,7 +200,10 @@ int main(int argc, char* argv[]) {
     // once the grace period has passed.
     session.set_grace(std::chrono::milliseconds(1000));
     session.run([](mpi_comm& world) {
-      if (world.rank() == 1) throw quintet::error("deliberate failure on rank 1");
+      if (world.rank() == 1) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        throw quintet::error("deliberate failure on rank 1");
+      }
       tensor<float, host> values(shape{8});
       world.all_reduce(values);
     });
@@ -202,7 +211,7 @@ int main(int argc, char* argv[]) {
   }
   if (mode == "--abort-dropped") {
     // The ranks disagree about an all_reduce whose request nobody waits for: its destructor
-    // cannot throw, so it aborts the job with the error.
+    // cannot throw, so it announces the error, and the barrier after it raises it.
     session.run(
         [](mpi_comm& world) {
           tensor<float, host> values(shape{world.rank() == 1 ? 5 : 4});

@@ -26,7 +26,8 @@ class pending_operation {
   // True when wait() would return without blocking.
   virtual bool ready() = 0;
   // The operation of a handle destroyed without wait() failed with `message`: do what a failing
-  // rank does (abort its world or job), since nobody is left to see the error and peers would
+  // rank does (abort its world or job; inside mpi_session::run, announce it so that peers and the
+  // rank's own next operation raise it), since nobody is left to see the error and peers would
   // otherwise wait for this rank in vain.
   virtual void abandon(const std::string& message) noexcept = 0;
 };

@@ -11,6 +11,7 @@
 #include <quintet/comm/comm_error.hpp>
 #include <quintet/comm/comm_request.hpp>
 #include <quintet/comm/communicator.hpp>
+#include <quintet/comm/mpi_call.hpp>
 #include <quintet/comm/mpi_fault_line.hpp>
 #include <quintet/core/bf16.hpp>
 #include <quintet/core/dtype.hpp>
@@ -30,6 +31,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -123,8 +125,8 @@ inline void divide_by(const comm_buffer& buffer, int divisor) {
   }
 }
 
-// Prints the rank and `message`, then ends the job: what a failing rank does when there is no
-// fault line (no mpi_session) to tell its peers.
+// Prints the rank and `message`, then ends the job: what a failing rank does outside
+// mpi_session::run (no fault line to tell its peers), and what nccl_comm always does.
 [[noreturn]] inline void abort_mpi_job(const char* message) {
   int world_rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
@@ -178,7 +180,8 @@ inline void check_exchange(std::span<const p2p_op> ops, std::span<const MPI_Stat
 // and `finish`, what is left once MPI is done (rounding to 16 bits, average's division, checking
 // what arrived). It holds the operation issued before it on the same communicator, which
 // completes first. Used from the thread that issued it (MPI_THREAD_FUNNELED).
-class mpi_request_state final : public pending_operation {
+class mpi_request_state final : public pending_operation,
+                                public std::enable_shared_from_this<mpi_request_state> {
  public:
   explicit mpi_request_state(std::shared_ptr<mpi_request_state> previous)
       : previous_(std::move(previous)) {}
@@ -188,8 +191,8 @@ class mpi_request_state final : public pending_operation {
   std::vector<std::byte> copy;
   std::vector<int> layout;
   std::function<void(mpi_request_state&)> finish;  // none: only MPI's status is checked
-  // Sends and receives, whose requests MPI can cancel when a peer's failure stops the wait.
-  bool point_to_point = false;
+  // For an exchange, whether each request is a receive (cancelled when a failure stops the wait).
+  std::vector<bool> receives;
 
   // Starting the operation failed; wait() rethrows it once what did start is complete.
   void fail(std::exception_ptr error) { error_ = std::move(error); }
@@ -213,12 +216,12 @@ class mpi_request_state final : public pending_operation {
     return true;
   }
 
-  // Under mpi_session, this rank's failure goes out on the fault line (unless a failure is known
-  // already: then the rank is stopping on it) and its next operation raises it; without the
-  // line, the job ends here.
+  // Inside mpi_session::run, this rank's failure goes out on the fault line (unless a failure is
+  // known already: then the rank is stopping on it) and its next operation, or the end of run,
+  // raises it; elsewhere the job ends here.
   void abandon(const std::string& message) noexcept override {
     mpi_fault_line& line = fault_line();
-    if (!line.is_open()) abort_mpi_job(message.c_str());
+    if (!line.is_open() || !line.in_run()) abort_mpi_job(message.c_str());
     try {
       if (!line.failed()) line.announce(message);
     } catch (const std::exception& failure) {
@@ -256,13 +259,10 @@ class mpi_request_state final : public pending_operation {
         status_ = wait_all_or_fault(requests, statuses_.data());
         transferred_ = true;
       } catch (...) {
-        // A peer failed: the requests are left to the job's abort; receives are cancelled first,
-        // so that MPI does not write into buffers the unwinding frees.
-        if (point_to_point) {
-          for (MPI_Request& request : requests) {
-            if (request != MPI_REQUEST_NULL) MPI_Cancel(&request);
-          }
-        }
+        // A failure is known: receives are cancelled; what MPI may still use of this state stays
+        // allocated until the job's abort.
+        if (!receives.empty()) cancel_receives(requests, receives);
+        fault_line().keep_until_abort(shared_from_this());
         if (!error_) error_ = std::current_exception();
       }
     }
@@ -645,10 +645,7 @@ class mpi_comm : public communicator_api<mpi_comm, host> {
     try {
       status = detail::wait_all_or_fault(requests, statuses.data());
     } catch (...) {
-      // A peer failed: cancelled receives do not write into the buffers the unwinding frees.
-      for (MPI_Request& request : requests) {
-        if (request != MPI_REQUEST_NULL) MPI_Cancel(&request);
-      }
+      detail::cancel_receives(requests, receive_mask(ops));  // a failure is known
       throw;
     }
     detail::check_exchange(ops, statuses, status, rank_);
@@ -657,13 +654,20 @@ class mpi_comm : public communicator_api<mpi_comm, host> {
   comm_request do_exchange_async(std::span<const p2p_op> ops) {
     return start([&](detail::mpi_request_state& state) {
       state.requests.assign(ops.size(), MPI_REQUEST_NULL);
-      state.point_to_point = true;
+      state.receives = receive_mask(ops);
       post_exchange(ops, state.requests.data());
       state.finish = [batch = std::vector<p2p_op>(ops.begin(), ops.end()),
                       rank = rank_](detail::mpi_request_state& done) {
         detail::check_exchange(batch, done.statuses(), done.status(), rank);
       };
     });
+  }
+
+  static std::vector<bool> receive_mask(std::span<const p2p_op> ops) {
+    std::vector<bool> receives(ops.size());
+    for (std::size_t i = 0; i < ops.size(); ++i)
+      receives[i] = ops[i].direction == p2p_op::kind::recv;
+    return receives;
   }
 
   void post_exchange(std::span<const p2p_op> ops, MPI_Request* requests) {
@@ -687,8 +691,10 @@ class mpi_comm : public communicator_api<mpi_comm, host> {
     agree("barrier", dtype::f32, 0);
     MPI_Request request = MPI_REQUEST_NULL;
     QUINTET_MPI_CALL(MPI_Ibarrier(comm_, &request));
-    const int status = detail::wait_all_or_fault(std::span(&request, 1), MPI_STATUSES_IGNORE);
-    if (status != MPI_SUCCESS) detail::raise_mpi_error(status, "MPI_Ibarrier");
+    MPI_Status status;
+    const int code = detail::wait_all_or_fault(std::span(&request, 1), &status);
+    if (code != MPI_SUCCESS)
+      detail::raise_mpi_error(code == MPI_ERR_IN_STATUS ? status.MPI_ERROR : code, "MPI_Ibarrier");
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;
@@ -702,11 +708,11 @@ class mpi_comm : public communicator_api<mpi_comm, host> {
 
 // mpi_session: initialises MPI (unless the program already did), opens the fault line, and
 // finalises what it initialised; collective over MPI_COMM_WORLD. run(fn) calls fn(world). When
-// fn throws on a rank, the rank prints its message and announces it on the fault line: each rank
-// waiting on it in mpi_comm raises comm_error naming it, and in turn prints and announces. The
-// rank that failed first waits until every other rank has announced, or the grace period has
-// passed (a rank held in a blocking collective or a long computation), then ends the job with
-// MPI_Abort: MPI's pending operations cannot be undone otherwise.
+// fn throws on a rank, the rank prints its message and sends it to every other rank on the fault
+// line: each rank waiting on it in mpi_comm raises comm_error naming it, prints, and reports back.
+// The failed rank waits until every other rank has reported, or the grace period has passed (a
+// rank held in a blocking collective or a long computation), then ends the job with MPI_Abort:
+// MPI's pending operations cannot be undone otherwise.
 class mpi_session {
  public:
   mpi_session(int* argc, char*** argv) {
@@ -740,16 +746,19 @@ class mpi_session {
 
   template <class Fn>
   void run(Fn&& fn, bool check_consistency = QUINTET_MPI_CHECK_CONSISTENCY != 0) {
+    detail::mpi_fault_line& line = detail::fault_line();
+    line.enter_run();
     try {
       mpi_comm world(MPI_COMM_WORLD, check_consistency);
       fn(world);
       // A failure announced by a dropped request, or a peer's, that no later operation raised.
-      detail::fault_line().check();
+      line.check();
     } catch (const std::exception& failure) {
       stop(failure.what());
     } catch (...) {
       stop("an exception not derived from std::exception");
     }
+    line.leave_run();
   }
 
  private:
@@ -762,24 +771,28 @@ class mpi_session {
     std::fflush(stderr);
     try {
       line.announce(message);
-      // A rank that stopped for a peer leaves the abort to the rank that failed, and waits twice
-      // the grace before it aborts itself (that rank may have died).
-      const auto deadline = std::chrono::steady_clock::now() + (for_peer ? 2 : 1) * grace_;
-      const std::vector<int> silent = line.await_peers(deadline);
-      std::string summary;
+      const auto deadline = std::chrono::steady_clock::now() + grace_;
       if (for_peer) {
-        line.listen_until(deadline);
-        summary = detail::format_message("no rank ended the job within {} ms", 2 * grace_.count());
-      } else if (silent.empty()) {
-        summary = "every other rank stopped";
+        // The failed rank ends the job. Until then this rank keeps out of MPI, whose unfinished
+        // operations may still touch buffers the unwinding freed; it aborts itself after twice
+        // the grace period, in case the failed rank died.
+        line.flush_announcement(deadline);
+        std::this_thread::sleep_until(deadline + grace_);
+        std::fprintf(stderr,
+                     "quintet: mpi rank %d: no rank ended the job within %lld ms; "
+                     "aborting the job\n",
+                     line.rank(), static_cast<long long>(2 * grace_.count()));
       } else {
+        const std::vector<int> silent = line.await_peers(deadline);
         std::string ranks;
         for (const int rank : silent) ranks += (ranks.empty() ? "" : ", ") + std::to_string(rank);
-        summary =
-            detail::format_message("rank(s) {} did not stop within {} ms", ranks, grace_.count());
+        const std::string summary =
+            silent.empty() ? std::string("every other rank stopped")
+                           : detail::format_message("rank(s) {} did not stop within {} ms", ranks,
+                                                    grace_.count());
+        std::fprintf(stderr, "quintet: mpi rank %d: %s; aborting the job\n", line.rank(),
+                     summary.c_str());
       }
-      std::fprintf(stderr, "quintet: mpi rank %d: %s; aborting the job\n", line.rank(),
-                   summary.c_str());
     } catch (const std::exception& failure) {
       std::fprintf(stderr, "quintet: mpi rank %d: the fault line failed (%s); aborting the job\n",
                    line.rank(), failure.what());
