@@ -1,10 +1,10 @@
 // mpi_comm under mpirun (-np 2 and -np 4): the same semantic checks thread_comm passes, the
 // asynchronous forms, the consistency check, and the failure paths: a throwing rank whose peers
-// raise comm_error through the fault line (--abort, --abort-recv, --abort-async, and
-// --abort-nested in a second session), a peer held in a
-// blocking collective until the grace period ends (--abort-blocking), and a failed request nobody
-// waited for (--abort-dropped). Each ends the job through mpi_session with the messages CTest
-// matches.
+// raise comm_error through the fault line (--abort, --abort-recv, --abort-async, --abort-nested,
+// and --abort-two with two failing ranks), a peer held in a blocking collective until the grace
+// period ends (--abort-blocking), and a failed request nobody waited for (--abort-dropped on both
+// ranks, --abort-dropped-peer on one). Each ends the job through mpi_session with the messages
+// CTest matches.
 #define CATCH_CONFIG_RUNNER
 #include "collective_checks.hpp"
 
@@ -165,33 +165,59 @@ int main(int argc, char* argv[]) {
   mpi_session session(&argc, &argv);
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "--abort" || mode == "--abort-recv" || mode == "--abort-async" ||
-      mode == "--abort-nested") {
+      mode == "--abort-nested" || mode == "--abort-two") {
     // Rank 1 throws (a moment late, so that the others are already waiting); the others wait for
     // it in a barrier, a receive or an asynchronous all-reduce, and raise comm_error naming it.
-    // One naming anything else is reported. --abort-nested runs in a second session inside the
-    // first, as train_gpt does: the two share one fault line.
+    // One naming anything else is reported. --abort-nested: first a session inside the main one
+    // runs and closes, then another fails, as train_gpt nests them (all share one fault line).
+    // --abort-two: ranks 1 and 2 fail at once; each must hear every other rank stop.
     std::optional<mpi_session> inner;
-    if (mode == "--abort-nested") inner.emplace();
+    if (mode == "--abort-nested") {
+      mpi_session{}.run([](mpi_comm& world) { world.barrier(); });
+      inner.emplace();
+    }
+    const bool two = mode == "--abort-two";
+    if (two) session.set_grace(std::chrono::milliseconds(5000));
     (inner ? *inner : session).run([&](mpi_comm& world) {
-      if (world.rank() == 1) {
+      if (world.rank() == 1 || (two && world.rank() == 2)) {
         std::this_thread::sleep_for(std::chrono::milliseconds(200));
-        throw quintet::error("deliberate failure on rank 1");
+        throw quintet::error("deliberate failure on rank " + std::to_string(world.rank()));
       }
       try {
         tensor<float, host> values(shape{8});
-        if (mode == "--abort" || mode == "--abort-nested") {
-          world.barrier();
-        } else if (mode == "--abort-recv") {
+        if (mode == "--abort-recv") {
           world.recv(values, 1, 7);
-        } else {
+        } else if (mode == "--abort-async") {
           world.all_reduce_async(values).wait();
+        } else {
+          world.barrier();
         }
       } catch (const comm_error& failure) {
-        if (!std::strstr(failure.what(), "rank 1 (world) failed: deliberate failure on rank 1"))
+        const bool names_a_failed_rank =
+            std::strstr(failure.what(), "rank 1 (world) failed: deliberate failure on rank 1") ||
+            (two &&
+             std::strstr(failure.what(), "rank 2 (world) failed: deliberate failure on rank 2"));
+        if (!names_a_failed_rank)
           std::fprintf(stderr, "unexpected comm_error on rank %d: %s\n", world.rank(),
                        failure.what());
         throw;
       }
+    });
+    return 0;
+  }
+  if (mode == "--abort-dropped-peer") {
+    // Only rank 1's request fails (a short receive) and nobody waits for it: rank 1 announces
+    // it, and rank 0, waiting in the barrier, raises naming rank 1.
+    session.run([](mpi_comm& world) {
+      if (world.rank() == 0) {
+        tensor<float, host> small(shape{4});
+        world.send(small, 1, 10);
+      } else if (world.rank() == 1) {
+        tensor<float, host> large(shape{6});
+        const p2p_op receive = p2p_op::recv(large, 0, 10);
+        const comm_request dropped = world.exchange_async(std::span<const p2p_op>(&receive, 1));
+      }
+      world.barrier();
     });
     return 0;
   }

@@ -223,7 +223,7 @@ class mpi_request_state final : public pending_operation,
     mpi_fault_line& line = fault_line();
     if (!line.is_open() || !line.in_run()) abort_mpi_job(message.c_str());
     try {
-      if (!line.failed()) line.announce(message);
+      if (!line.failed()) line.announce(message, true);
     } catch (const std::exception& failure) {
       abort_mpi_job(failure.what());
     }
@@ -753,37 +753,41 @@ class mpi_session {
       fn(world);
       // A failure announced by a dropped request, or a peer's, that no later operation raised.
       line.check();
+    } catch (const detail::mpi_peer_failure& stopped) {
+      stop(stopped.what(), false);
     } catch (const std::exception& failure) {
-      stop(failure.what());
+      stop(failure.what(), true);
     } catch (...) {
-      stop("an exception not derived from std::exception");
+      stop("an exception not derived from std::exception", true);
     }
     line.leave_run();
   }
 
  private:
-  [[noreturn]] void stop(const char* message) noexcept {
+  // failed_here: `message` is this rank's own failure, not a peer's raised by mpi_comm.
+  [[noreturn]] void stop(const char* message, bool failed_here) noexcept {
     detail::mpi_fault_line& line = detail::fault_line();
     if (!line.is_open()) detail::abort_mpi_job(message);
-    const bool for_peer = line.stopped_by_peer();
     std::fprintf(stderr, "quintet: mpi rank %d %s: %s\n", line.rank(),
-                 for_peer ? "stopped" : "failed", message);
+                 failed_here ? "failed" : "stopped", message);
     std::fflush(stderr);
     try {
-      line.announce(message);
-      const auto deadline = std::chrono::steady_clock::now() + grace_;
-      if (for_peer) {
-        // The failed rank ends the job. Until then this rank keeps out of MPI, whose unfinished
-        // operations may still touch buffers the unwinding freed; it aborts itself after twice
-        // the grace period, in case the failed rank died.
-        line.flush_announcement(deadline);
-        std::this_thread::sleep_until(deadline + grace_);
+      line.announce(message, failed_here);
+      const auto start = std::chrono::steady_clock::now();
+      if (!failed_here) {
+        // A failed rank ends the job. This rank drives its report until every failed rank it
+        // knows of has matched it, then keeps out of MPI (its unfinished operations may still
+        // touch buffers the unwinding freed); it aborts itself after twice the grace period, in
+        // case the failed ranks died.
+        line.flush_announcement(
+            start + std::max<std::chrono::milliseconds>(grace_, std::chrono::milliseconds(1000)));
+        std::this_thread::sleep_until(start + 2 * grace_);
         std::fprintf(stderr,
-                     "quintet: mpi rank %d: no rank ended the job within %lld ms; "
-                     "aborting the job\n",
+                     "quintet: mpi rank %d: no rank ended the job within %lld ms; aborting the "
+                     "job\n",
                      line.rank(), static_cast<long long>(2 * grace_.count()));
       } else {
-        const std::vector<int> silent = line.await_peers(deadline);
+        const std::vector<int> silent = line.await_peers(start + grace_);
         std::string ranks;
         for (const int rank : silent) ranks += (ranks.empty() ? "" : ", ") + std::to_string(rank);
         const std::string summary =
