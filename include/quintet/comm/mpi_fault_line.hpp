@@ -127,11 +127,10 @@ class mpi_fault_line {
     const std::int32_t about_word = about;
     std::memcpy(outbox_.data(), &about_word, sizeof about_word);
     outbox_ += text.substr(0, static_cast<std::size_t>(message_bytes));
-    synchronous_ = about != rank_;
+    const auto post = about != rank_ ? MPI_Issend : MPI_Isend;  // stopped: synchronous
     sends_.assign(static_cast<std::size_t>(size_), MPI_REQUEST_NULL);
     for (int peer = 0; peer < size_; ++peer) {
       if (peer == rank_) continue;
-      const auto post = synchronous_ ? MPI_Issend : MPI_Isend;
       QUINTET_MPI_CALL(post(outbox_.data(), static_cast<int>(outbox_.size()), MPI_CHAR, peer,
                             fault_tag, comm_, &sends_[static_cast<std::size_t>(peer)]));
     }
@@ -230,8 +229,7 @@ class mpi_fault_line {
   int failed_rank_ = -1;            // the failure raised: the first known, -1 while none
   std::string failure_;
   bool announced_ = false;
-  bool synchronous_ = false;  // this rank's reports are synchronous sends (it stopped for a peer)
-  std::string outbox_;        // (the failed rank, its message), alive while the sends are
+  std::string outbox_;              // (the failed rank, its message), alive while the sends are
   std::vector<MPI_Request> sends_;  // per world rank
   std::vector<std::shared_ptr<const void>> leftovers_;
   std::chrono::steady_clock::time_point cancel_deadline_{};
