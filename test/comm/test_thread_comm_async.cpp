@@ -1,9 +1,10 @@
 // thread_comm's asynchronous forms: each against its blocking form bit for bit with several in
 // flight, the ordering rule, progress while the caller computes, handles dropped without wait(),
-// moves, and failures that surface at wait() instead of hanging.
+// moves, and failures that surface at wait() instead of hanging; the progress thread's order.
 #include "collective_checks.hpp"
 
 #include <quintet/comm/comm_request.hpp>
+#include <quintet/comm/progress_thread.hpp>
 #include <quintet/comm/thread_comm.hpp>
 
 #include <catch2/catch.hpp>
@@ -12,6 +13,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -314,4 +316,57 @@ TEST_CASE("thread_comm: a failed operation nobody waited for aborts the world",
     comm.barrier();  // the world is aborted by now
   }),
                     Catch::Contains("ranks disagree about the collective"));
+}
+
+// The progress thread runs one operation at a time in submission order, whether the worker runs
+// it or the thread that waits for it before the worker has taken it (progress_thread.hpp). The
+// operations write `order` without a lock: under ThreadSanitizer (CI) two at once would be a race.
+TEST_CASE("progress_thread: one operation at a time, in order, on the worker or the waiting thread",
+          "[comm][async]") {
+  constexpr int count = 3000;
+  const auto waiting_thread = std::this_thread::get_id();
+  std::vector<int> order;
+  int run_by_waiting_thread = 0;
+  std::vector<std::shared_ptr<detail::pending_operation>> operations;
+  {
+    detail::progress_thread progress;
+    for (int i = 0; i < count; ++i) {
+      operations.push_back(progress.submit(
+          [&, i] {
+            order.push_back(i);
+            if (std::this_thread::get_id() == waiting_thread) ++run_by_waiting_thread;
+            if (i % 7 == 0) throw std::runtime_error("operation " + std::to_string(i));
+          },
+          [](const std::string&) {}));
+      // Every third operation is waited for at once, the others later in reverse order (the
+      // worker or drain runs them), one batch at the end through drain alone.
+      if (i % 3 == 0 && i < count - 100) {
+        if (i % 7 == 0) {
+          CHECK_THROWS_WITH(operations.back()->wait(), "operation " + std::to_string(i));
+        } else {
+          operations.back()->wait();
+        }
+      }
+    }
+    for (int i = count - 101; i >= 0; --i) {
+      if (i % 3 == 0) continue;  // waited for already
+      if (i % 7 == 0) {
+        CHECK_THROWS_WITH(operations[static_cast<std::size_t>(i)]->wait(),
+                          "operation " + std::to_string(i));
+      } else {
+        operations[static_cast<std::size_t>(i)]->wait();
+      }
+    }
+    progress.drain();
+    for (int i = count - 100; i < count; ++i) {
+      CHECK(operations[static_cast<std::size_t>(i)]->ready());
+    }
+  }
+  std::vector<int> expected(count);
+  for (int i = 0; i < count; ++i) expected[static_cast<std::size_t>(i)] = i;
+  CHECK(order == expected);
+  // An operation waited for right after its submission is almost always still queued (the worker
+  // needs a wake-up to take it): the waiting thread runs it. Not one of ~1000 would mean it never
+  // does.
+  CHECK(run_by_waiting_thread > 0);
 }

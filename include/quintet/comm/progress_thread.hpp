@@ -1,6 +1,8 @@
 // detail::progress_thread: one worker thread that runs a communicator's asynchronous operations
 // one at a time, in the order they were submitted, while the issuing thread computes (the
-// asynchronous path of thread_comm).
+// asynchronous path of thread_comm). An operation waited for before the worker has taken it runs
+// on the waiting thread instead, when it is next and nothing else runs: the wait then costs no
+// hand-off to the worker and back (the same code in the same order, so the same bits).
 #pragma once
 
 #include <quintet/comm/comm_request.hpp>
@@ -17,23 +19,19 @@
 
 namespace quintet::detail {
 
-// One submitted operation: `body` runs on the worker; its exception is kept for wait().
+class progress_thread;
+
+// One submitted operation: `body` runs on the worker, or on the thread that waits for it; its
+// exception is kept for wait().
 class queued_operation final : public pending_operation {
  public:
-  queued_operation(std::function<void()> body, std::function<void(const std::string&)> on_abandon)
-      : body_(std::move(body)), on_abandon_(std::move(on_abandon)) {}
+  queued_operation(progress_thread& owner, std::function<void()> body,
+                   std::function<void(const std::string&)> on_abandon)
+      : owner_(&owner), body_(std::move(body)), on_abandon_(std::move(on_abandon)) {}
 
   // Rethrows the error once (comm_request waits once). The exception is taken out, so that it is
   // thrown and freed on the waiting thread alone: the worker never touches it again.
-  void wait() override {
-    std::exception_ptr error;
-    {
-      std::unique_lock lock(mutex_);
-      finished_changed_.wait(lock, [&] { return finished_; });
-      error = std::move(error_);
-    }
-    if (error) std::rethrow_exception(error);
-  }
+  void wait() override;
 
   bool ready() override {
     const std::lock_guard lock(mutex_);
@@ -42,7 +40,7 @@ class queued_operation final : public pending_operation {
 
   void abandon(const std::string& message) noexcept override { on_abandon_(message); }
 
-  // On the worker.
+  // On the worker, or on the waiting thread (progress_thread::run_here).
   void run() noexcept {
     std::exception_ptr error;
     try {
@@ -60,6 +58,13 @@ class queued_operation final : public pending_operation {
   }
 
  private:
+  // Not finished, so still queued or running: its progress_thread lives until it has run.
+  bool finished() {
+    const std::lock_guard lock(mutex_);
+    return finished_;
+  }
+
+  progress_thread* owner_;
   std::function<void()> body_;
   std::function<void(const std::string&)> on_abandon_;
   std::mutex mutex_;
@@ -86,7 +91,8 @@ class progress_thread {
   // Queues `body`; `on_abandon` is what a failure nobody waited for does (comm_request).
   std::shared_ptr<pending_operation> submit(std::function<void()> body,
                                             std::function<void(const std::string&)> on_abandon) {
-    auto operation = std::make_shared<queued_operation>(std::move(body), std::move(on_abandon));
+    auto operation =
+        std::make_shared<queued_operation>(*this, std::move(body), std::move(on_abandon));
     {
       const std::lock_guard lock(mutex_);
       queue_.push_back(operation);
@@ -96,34 +102,80 @@ class progress_thread {
     return operation;
   }
 
-  // Returns once every submitted operation has run.
+  // Returns once every submitted operation has run: those the worker has not taken run here.
   void drain() {
+    while (run_here(nullptr)) {
+    }
     std::unique_lock lock(mutex_);
     all_finished_.wait(lock, [&] { return unfinished_ == 0; });
+  }
+
+  // Runs the next operation on the calling thread if nothing runs and it is `only` (any, when
+  // null); returns whether it did. While it runs, the worker takes nothing: one operation at a
+  // time, in submission order, as on the worker.
+  bool run_here(const queued_operation* only) {
+    std::shared_ptr<queued_operation> operation;
+    {
+      const std::lock_guard lock(mutex_);
+      if (running_ || queue_.empty()) return false;
+      if (only != nullptr && queue_.front().get() != only) return false;
+      operation = std::move(queue_.front());
+      queue_.pop_front();
+      running_ = true;
+    }
+    operation->run();
+    finish_one();
+    return true;
   }
 
  private:
   void serve() {
     std::unique_lock lock(mutex_);
     while (true) {
-      queue_changed_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      queue_changed_.wait(lock, [&] { return !running_ && (stopping_ || !queue_.empty()); });
       if (queue_.empty()) return;  // stopping, and nothing left to run
       const std::shared_ptr<queued_operation> operation = std::move(queue_.front());
       queue_.pop_front();
+      running_ = true;
       lock.unlock();
       operation->run();
+      finish_one();
       lock.lock();
-      if (--unfinished_ == 0) all_finished_.notify_all();
     }
   }
 
-  std::mutex mutex_;  // guards the queue, the count and the flag below
+  // After an operation has run, on the worker or elsewhere.
+  void finish_one() {
+    bool all_finished = false;
+    {
+      const std::lock_guard lock(mutex_);
+      running_ = false;
+      all_finished = --unfinished_ == 0;
+    }
+    queue_changed_.notify_one();  // the worker waits for running_ to drop when work is queued
+    if (all_finished) all_finished_.notify_all();
+  }
+
+  std::mutex mutex_;  // guards the queue, the count and the flags below
   std::condition_variable queue_changed_;
   std::condition_variable all_finished_;
   std::deque<std::shared_ptr<queued_operation>> queue_;
-  int unfinished_ = 0;  // queued or running
+  int unfinished_ = 0;    // queued or running
+  bool running_ = false;  // an operation runs, on the worker or on a waiting thread
   bool stopping_ = false;
   std::thread worker_{[this] { serve(); }};  // last: starts once the members above exist
 };
+
+inline void queued_operation::wait() {
+  // Not yet taken by the worker: run it here rather than wake the worker and sleep until it has.
+  if (!finished()) owner_->run_here(this);
+  std::exception_ptr error;
+  {
+    std::unique_lock lock(mutex_);
+    finished_changed_.wait(lock, [&] { return finished_; });
+    error = std::move(error_);
+  }
+  if (error) std::rethrow_exception(error);
+}
 
 }  // namespace quintet::detail
