@@ -10,6 +10,11 @@
 // micro-batches; interleaved and the V schedules cut it into 4 virtual stages of one layer, the
 // others into 2 of two. 3 warm-up steps, then 5 measured; each step's loss must be finite and
 // every compute action of the schedule timed (checked outside the timing).
+//
+// The p6 rows: BPipe moves contexts only from p = 6 on, so it and its base (1F1B) run on 6 thread
+// ranks, one layer each (6 layers, batch 24 x 64 in 12 micro-batches). They need 6 free cores: on
+// the 2-core development VM the ranks take turns and the ratio to the simulator measures that.
+// tools/device_check.sh runs them on the device machine's host cores.
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
 
@@ -40,8 +45,6 @@ using mesh_type = quintet::device_mesh<quintet::thread_comm>;
 using pipeline_plan = quintet::plan<par::pp<par::named_schedule>>;
 
 const quintet::markov_source source({.vocab = 16, .order = 2, .successors = 3, .seed = 1});
-const quintet::nn::gpt_config model{
-    .vocab = 16, .max_seq = 64, .layers = 4, .d_model = 128, .heads = 4};
 constexpr int warm_up_steps = 3, measured_steps = 5;
 
 // The mean measured duration of each compute kind on each virtual stage: the simulator's costs.
@@ -82,18 +85,25 @@ double largest_idle_share(const pipe::simulation& measured) {
   return most;
 }
 
-void pipeline_step(benchmark::State& state, const std::string& schedule) {
-  quintet::train::training_options options{
-      .steps = 1 << 30, .batch = 16, .seq = 64, .micro_batches = 8, .warmup_steps = 0};
+// pp 2: 4 layers, 8 micro-batches of 2 rows; pp 6: 6 layers, 12 micro-batches of 2 rows.
+void pipeline_step(benchmark::State& state, const std::string& schedule, int pp) {
+  const int layers = pp == 2 ? 4 : pp, micro_batches = 2 * std::max(pp, 4);
+  const quintet::nn::gpt_config model{
+      .vocab = 16, .max_seq = 64, .layers = layers, .d_model = 128, .heads = 4};
+  quintet::train::training_options options{.steps = 1 << 30,
+                                           .batch = 2 * micro_batches,
+                                           .seq = 64,
+                                           .micro_batches = micro_batches,
+                                           .warmup_steps = 0};
   options.pipeline = {.schedule = schedule,
                       .virtual_stages = 2,
                       .layers = {},
                       .partition = quintet::train::layer_partition::even};
   std::vector<pipe::simulation> measured;
   std::optional<pipe::schedule> ran;  // the schedule the ranks ran
-  quintet::thread_world{2}.run([&](quintet::thread_comm& world) {
+  quintet::thread_world{pp}.run([&](quintet::thread_comm& world) {
     const quintet::execution<host> exec(1);
-    mesh_type mesh(world, {.pp = 2});
+    mesh_type mesh(world, {.pp = pp});
     quintet::train::trainer<float, quintet::markov_source, pipeline_plan, mesh_type> trainer(
         source, model, options, exec, &mesh);
     for (int s = 0; s < warm_up_steps; ++s) trainer.train_step();
@@ -132,31 +142,39 @@ void pipeline_step(benchmark::State& state, const std::string& schedule) {
 
 }  // namespace
 
-BENCHMARK_CAPTURE(pipeline_step, gpipe, std::string("gpipe"))
+BENCHMARK_CAPTURE(pipeline_step, gpipe, std::string("gpipe"), 2)
     ->Iterations(1)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(pipeline_step, 1f1b, std::string("1f1b"))
+BENCHMARK_CAPTURE(pipeline_step, 1f1b, std::string("1f1b"), 2)
     ->Iterations(1)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(pipeline_step, interleaved, std::string("interleaved"))
+BENCHMARK_CAPTURE(pipeline_step, interleaved, std::string("interleaved"), 2)
     ->Iterations(1)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(pipeline_step, zb_h1, std::string("zb-h1"))
+BENCHMARK_CAPTURE(pipeline_step, zb_h1, std::string("zb-h1"), 2)
     ->Iterations(1)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(pipeline_step, zb_h2, std::string("zb-h2"))
+BENCHMARK_CAPTURE(pipeline_step, zb_h2, std::string("zb-h2"), 2)
     ->Iterations(1)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(pipeline_step, zb_v, std::string("zb-v"))
+BENCHMARK_CAPTURE(pipeline_step, zb_v, std::string("zb-v"), 2)
     ->Iterations(1)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(pipeline_step, dualpipe_v, std::string("dualpipe-v"))
+BENCHMARK_CAPTURE(pipeline_step, dualpipe_v, std::string("dualpipe-v"), 2)
+    ->Iterations(1)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(pipeline_step, 1f1b_p6, std::string("1f1b"), 6)
+    ->Iterations(1)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(pipeline_step, bpipe_p6, std::string("bpipe"), 6)
     ->Iterations(1)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);

@@ -57,15 +57,17 @@ if [[ -z "$bin" ]]; then
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$arch" \
     > "$out/configure.log" 2>&1 ||
     { tail -30 "$out/configure.log"; exit 1; }
-  targets="$(ninja -C "$build" -t targets all | sed -n 's/^\(test_gpu_[a-z_]*\|bench_gpu_kernels\): .*/\1/p' | sort -u) train_gpt"
+  targets="$(ninja -C "$build" -t targets all | sed -n 's/^\(test_gpu_[a-z_]*\|bench_gpu_kernels\): .*/\1/p' | sort -u) train_gpt bench_pipeline_runtime"
   # shellcheck disable=SC2086
   ninja -C "$build" $targets > "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
   tests=$(find "$build/test/gpu" -maxdepth 1 -name 'test_gpu_*' -type f -perm -u+x | sort)
   bench="$build/bench/bench_gpu_kernels"
+  pipeline_bench="$build/bench/bench_pipeline_runtime"
   train_gpt="$build/examples/train_gpt"
 else
   tests=$(find "$bin" -maxdepth 1 -name 'test_gpu_*' -type f -perm -u+x | sort)
   bench="$bin/bench_gpu_kernels"
+  pipeline_bench="$bin/bench_pipeline_runtime"
   train_gpt="$bin/train_gpt"
 fi
 echo "device_check: built ($(elapsed) s)"
@@ -97,6 +99,15 @@ if ((skip_bench == 0)); then
     echo "device_check: no $bench" >&2
     status=1
   fi
+fi
+# On the host cores, not the GPU: BPipe and its base at p = 6 (bench_pipeline_runtime's p6 rows,
+# 6 thread ranks, ~5 s), each step against the simulator's prediction. The development VM's 2
+# cores cannot run 6 ranks at once; this machine is the many-core one a session gets.
+if ((skip_bench == 0)) && [[ -x "$pipeline_bench" ]] && (($(nproc) >= 8)); then
+  timeout 120 "$pipeline_bench" --benchmark_filter=p6 \
+    --benchmark_out="$out/bench_pipeline_runtime.json" --benchmark_out_format=json \
+    > "$out/bench_pipeline_runtime.log" 2>&1 || status=1
+  grep -E "^pipeline" "$out/bench_pipeline_runtime.log" | cut -c1-200
 fi
 echo "device_check: benchmarks done ($(elapsed) s)"
 

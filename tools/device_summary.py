@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The JSON summary of tools/device_check.sh: the GPU tests' results, the benchmarks' figures
-against issue 14's targets, the training run's tokens/s and MFU where it ran, and the 124M step's
-kernel families (tools/ncu_summary.py) where Nsight Compute profiled it."""
+against issue 14's targets, the training run's tokens/s and MFU where it ran, the 124M step's
+kernel families (tools/ncu_summary.py) where Nsight Compute profiled it, and BPipe against 1F1B
+at p = 6 on the host cores (bench_pipeline_runtime's p6 rows) where they ran."""
 import argparse
 import json
 import os
@@ -75,6 +76,24 @@ def read_training(out, name, mfu_target):
     return summary
 
 
+def read_pipeline(out):
+    """Each p6 row: the measured step, the simulator's, their ratio and both idle shares."""
+    path = os.path.join(out, "bench_pipeline_runtime.json")
+    if not os.path.exists(path):
+        return "not run"
+    rows = []
+    for b in json.load(open(path))["benchmarks"]:
+        if "error_message" in b:
+            rows.append({"name": b["name"], "error": b["error_message"]})
+            continue
+        rows.append({"name": b["name"], "step_ms": round(b["real_time"], 2),
+                     "simulated_ms": round(b["simulated_ms"], 2),
+                     "measured_over_simulated": round(b["measured_over_simulated"], 3),
+                     "bubble_measured": round(b["bubble_measured"], 3),
+                     "bubble_simulated": round(b["bubble_simulated"], 3)})
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
@@ -95,6 +114,7 @@ def main():
                                                   TARGETS["gpt2_124m_mfu"])
     profile = os.path.join(args.out, "profile.json")
     result["step_profile"] = json.load(open(profile)) if os.path.exists(profile) else "not run"
+    result["pipeline_p6_host"] = read_pipeline(args.out)
     json.dump(result, sys.stdout, indent=1)
     print()
 
