@@ -324,9 +324,7 @@ TEST_CASE("thread_comm: a failed operation nobody waited for aborts the world",
 TEST_CASE("progress_thread: one operation at a time, in order, on the worker or the waiting thread",
           "[comm][async]") {
   constexpr int count = 3000;
-  const auto waiting_thread = std::this_thread::get_id();
   std::vector<int> order;
-  int run_by_waiting_thread = 0;
   std::vector<std::shared_ptr<detail::pending_operation>> operations;
   {
     detail::progress_thread progress;
@@ -334,7 +332,6 @@ TEST_CASE("progress_thread: one operation at a time, in order, on the worker or 
       operations.push_back(progress.submit(
           [&, i] {
             order.push_back(i);
-            if (std::this_thread::get_id() == waiting_thread) ++run_by_waiting_thread;
             if (i % 7 == 0) throw std::runtime_error("operation " + std::to_string(i));
           },
           [](const std::string&) {}));
@@ -365,8 +362,36 @@ TEST_CASE("progress_thread: one operation at a time, in order, on the worker or 
   std::vector<int> expected(count);
   for (int i = 0; i < count; ++i) expected[static_cast<std::size_t>(i)] = i;
   CHECK(order == expected);
-  // An operation waited for right after its submission is almost always still queued (the worker
-  // needs a wake-up to take it): the waiting thread runs it. Not one of ~1000 would mean it never
-  // does.
-  CHECK(run_by_waiting_thread > 0);
+}
+
+// Who runs what depends on when the worker wakes, so each path is tried over many rounds, each
+// from an idle worker: three operations submitted, then the third waited for or the queue
+// drained. The worker needs a wake-up to take the first, and the waiting thread, which goes on at
+// once, ran all three in 50-200 rounds of 200 in most runs here, but in none in one run of ten:
+// so the share is not a test (bench_collectives' async rows measure what it buys); the order and
+// completion are, on whichever path ran.
+TEST_CASE(
+    "progress_thread: waiting for the third of three completes all three in order, as "
+    "drain does",
+    "[comm][async]") {
+  detail::progress_thread progress;
+  for (const bool drain : {false, true}) {
+    for (int round = 0; round < 200; ++round) {
+      std::vector<int> order;
+      std::vector<std::shared_ptr<detail::pending_operation>> operations;
+      for (int i = 0; i < 3; ++i) {
+        operations.push_back(
+            progress.submit([&order, i] { order.push_back(i); }, [](const std::string&) {}));
+      }
+      if (drain) {
+        progress.drain();
+        for (const auto& operation : operations) CHECK(operation->ready());
+      } else {
+        operations[2]->wait();
+        CHECK(operations[0]->ready());
+        CHECK(operations[1]->ready());
+      }
+      CHECK(order == std::vector<int>{0, 1, 2});
+    }
+  }
 }

@@ -1,12 +1,14 @@
 // detail::progress_thread: one worker thread that runs a communicator's asynchronous operations
 // one at a time, in the order they were submitted, while the issuing thread computes (the
-// asynchronous path of thread_comm). An operation waited for before the worker has taken it runs
-// on the waiting thread instead, when it is next and nothing else runs: the wait then costs no
-// hand-off to the worker and back (the same code in the same order, so the same bits).
+// asynchronous path of thread_comm). A thread that waits for an operation the worker has not
+// taken yet runs it itself, with the operations queued before it, while nothing else runs: it
+// would be blocked until they had run anyway, and the wait then costs no hand-off to the worker
+// and back (the same code in the same order, so the same bits).
 #pragma once
 
 #include <quintet/comm/comm_request.hpp>
 
+#include <algorithm>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -22,7 +24,8 @@ namespace quintet::detail {
 class progress_thread;
 
 // One submitted operation: `body` runs on the worker, or on the thread that waits for it; its
-// exception is kept for wait().
+// exception is kept for wait(). Waited for by the thread that submitted it (thread_comm's rule),
+// which keeps the progress_thread alive until every operation has run: wait() may use it.
 class queued_operation final : public pending_operation {
  public:
   queued_operation(progress_thread& owner, std::function<void()> body,
@@ -104,28 +107,31 @@ class progress_thread {
 
   // Returns once every submitted operation has run: those the worker has not taken run here.
   void drain() {
-    while (run_here(nullptr)) {
-    }
+    run_here_through(nullptr);
     std::unique_lock lock(mutex_);
     all_finished_.wait(lock, [&] { return unfinished_ == 0; });
   }
 
-  // Runs the next operation on the calling thread if nothing runs and it is `only` (any, when
-  // null); returns whether it did. While it runs, the worker takes nothing: one operation at a
-  // time, in submission order, as on the worker.
-  bool run_here(const queued_operation* only) {
-    std::shared_ptr<queued_operation> operation;
-    {
-      const std::lock_guard lock(mutex_);
-      if (running_ || queue_.empty()) return false;
-      if (only != nullptr && queue_.front().get() != only) return false;
-      operation = std::move(queue_.front());
-      queue_.pop_front();
-      running_ = true;
+  // Runs queued operations on the calling thread, front first, until `last` has run (every one,
+  // when null); stops as soon as one runs on the worker or the worker has taken `last`. While one
+  // runs here the worker takes nothing: one operation at a time, in submission order.
+  void run_here_through(const queued_operation* last) {
+    while (true) {
+      std::shared_ptr<queued_operation> operation;
+      {
+        const std::lock_guard lock(mutex_);
+        if (running_ || queue_.empty()) return;
+        if (last != nullptr && std::none_of(queue_.begin(), queue_.end(),
+                                            [&](const auto& o) { return o.get() == last; }))
+          return;  // the worker has it
+        operation = std::move(queue_.front());
+        queue_.pop_front();
+        running_ = true;
+      }
+      operation->run();
+      finish_one();
+      if (operation.get() == last) return;
     }
-    operation->run();
-    finish_one();
-    return true;
   }
 
  private:
@@ -146,13 +152,15 @@ class progress_thread {
 
   // After an operation has run, on the worker or elsewhere.
   void finish_one() {
-    bool all_finished = false;
+    bool all_finished = false, work_left = false;
     {
       const std::lock_guard lock(mutex_);
       running_ = false;
       all_finished = --unfinished_ == 0;
+      work_left = !queue_.empty() || stopping_;
     }
-    queue_changed_.notify_one();  // the worker waits for running_ to drop when work is queued
+    // The worker waits for running_ to drop only when there is work (or it is told to stop).
+    if (work_left) queue_changed_.notify_one();
     if (all_finished) all_finished_.notify_all();
   }
 
@@ -167,8 +175,9 @@ class progress_thread {
 };
 
 inline void queued_operation::wait() {
-  // Not yet taken by the worker: run it here rather than wake the worker and sleep until it has.
-  if (!finished()) owner_->run_here(this);
+  // Not yet taken by the worker: run it here (after those before it) rather than sleep until the
+  // worker has.
+  if (!finished()) owner_->run_here_through(this);
   std::exception_ptr error;
   {
     std::unique_lock lock(mutex_);
