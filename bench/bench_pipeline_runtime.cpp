@@ -142,40 +142,29 @@ void pipeline_step(benchmark::State& state, const std::string& schedule, int pp)
 
 }  // namespace
 
-BENCHMARK_CAPTURE(pipeline_step, gpipe, std::string("gpipe"), 2)
-    ->Iterations(1)
-    ->UseManualTime()
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(pipeline_step, 1f1b, std::string("1f1b"), 2)
-    ->Iterations(1)
-    ->UseManualTime()
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(pipeline_step, interleaved, std::string("interleaved"), 2)
-    ->Iterations(1)
-    ->UseManualTime()
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(pipeline_step, zb_h1, std::string("zb-h1"), 2)
-    ->Iterations(1)
-    ->UseManualTime()
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(pipeline_step, zb_h2, std::string("zb-h2"), 2)
-    ->Iterations(1)
-    ->UseManualTime()
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(pipeline_step, zb_v, std::string("zb-v"), 2)
-    ->Iterations(1)
-    ->UseManualTime()
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(pipeline_step, dualpipe_v, std::string("dualpipe-v"), 2)
-    ->Iterations(1)
-    ->UseManualTime()
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(pipeline_step, 1f1b_p6, std::string("1f1b"), 6)
-    ->Iterations(1)
-    ->UseManualTime()
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(pipeline_step, bpipe_p6, std::string("bpipe"), 6)
-    ->Iterations(1)
-    ->UseManualTime()
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  // (row name, schedule, pp): every built-in schedule at pp 2, then BPipe and its base at pp 6.
+  const struct {
+    const char* name;
+    const char* schedule;
+    int pp;
+  } rows[] = {
+      {"gpipe", "gpipe", 2},           {"1f1b", "1f1b", 2},    {"interleaved", "interleaved", 2},
+      {"zb_h1", "zb-h1", 2},           {"zb_h2", "zb-h2", 2},  {"zb_v", "zb-v", 2},
+      {"dualpipe_v", "dualpipe-v", 2}, {"1f1b_p6", "1f1b", 6}, {"bpipe_p6", "bpipe", 6}};
+  for (const auto& row : rows) {
+    benchmark::RegisterBenchmark(
+        (std::string("pipeline_step/") + row.name).c_str(),
+        [schedule = std::string(row.schedule), pp = row.pp](benchmark::State& state) {
+          pipeline_step(state, schedule, pp);
+        })
+        ->Iterations(1)
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond);
+  }
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -326,6 +326,15 @@ TEST_CASE("progress_thread: one operation at a time, in order, on the worker or 
   constexpr int count = 3000;
   std::vector<int> order;
   std::vector<std::shared_ptr<detail::pending_operation>> operations;
+  // Every seventh operation throws, and its own wait() must raise its error.
+  const auto wait_for = [&](int i) {
+    const auto& operation = operations[static_cast<std::size_t>(i)];
+    if (i % 7 == 0) {
+      CHECK_THROWS_WITH(operation->wait(), "operation " + std::to_string(i));
+    } else {
+      operation->wait();
+    }
+  };
   {
     detail::progress_thread progress;
     for (int i = 0; i < count; ++i) {
@@ -337,22 +346,10 @@ TEST_CASE("progress_thread: one operation at a time, in order, on the worker or 
           [](const std::string&) {}));
       // Every third operation is waited for at once, the others later in reverse order (the
       // worker or drain runs them), one batch at the end through drain alone.
-      if (i % 3 == 0 && i < count - 100) {
-        if (i % 7 == 0) {
-          CHECK_THROWS_WITH(operations.back()->wait(), "operation " + std::to_string(i));
-        } else {
-          operations.back()->wait();
-        }
-      }
+      if (i % 3 == 0 && i < count - 100) wait_for(i);
     }
     for (int i = count - 101; i >= 0; --i) {
-      if (i % 3 == 0) continue;  // waited for already
-      if (i % 7 == 0) {
-        CHECK_THROWS_WITH(operations[static_cast<std::size_t>(i)]->wait(),
-                          "operation " + std::to_string(i));
-      } else {
-        operations[static_cast<std::size_t>(i)]->wait();
-      }
+      if (i % 3 != 0) wait_for(i);  // the others were waited for already
     }
     progress.drain();
     for (int i = count - 100; i < count; ++i) {
