@@ -34,10 +34,12 @@ class pending_operation {
 
 }  // namespace detail
 
-// Move-only. The operation's buffers must stay alive (and its inputs unchanged, its outputs
+// Move-only. The communicators' asynchronous forms are [[nodiscard]] (the functions, not this
+// class: nvcc would take every assignment of a request, whose result is a reference to one, for a
+// discarded value). The operation's buffers must stay alive (and its inputs unchanged, its outputs
 // unread) until wait() returns or the handle is destroyed. A default-constructed handle is
 // complete. After wait() returns or throws, the handle is empty and wait() does nothing.
-class [[nodiscard]] comm_request {
+class comm_request {
  public:
   comm_request() = default;
   explicit comm_request(std::shared_ptr<detail::pending_operation> operation) noexcept
@@ -65,6 +67,10 @@ class [[nodiscard]] comm_request {
 
   // Whether wait() would return at once. Polling it also lets MPI progress the operation.
   bool ready() const { return !operation_ || operation_->ready(); }
+
+  // The operation itself, for a backend that wraps another's (staged_comm): it then owns the
+  // duty to wait for it, or to abandon it. The handle is left empty.
+  std::shared_ptr<detail::pending_operation> release() && noexcept { return std::move(operation_); }
 
  private:
   void settle() noexcept {

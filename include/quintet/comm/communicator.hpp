@@ -74,6 +74,47 @@ comm_buffer comm_buffer_of(const View& view, std::string_view operation, std::st
   return buffer;
 }
 
+// A contiguous view of a raw buffer with its element type restored; returns fn(view).
+template <class Device, bool Writable, class Fn>
+decltype(auto) with_typed_view(const comm_buffer& buffer, Fn&& fn) {
+  auto make = [&]<class T>(T*) -> decltype(auto) {
+    using element = std::conditional_t<Writable, T, const T>;
+    typename Device::stream_type stream{};
+    if constexpr (std::same_as<Device, cuda>) stream.handle = buffer.stream;
+    const quintet::shape extents{buffer.count};
+    return fn(tensor_view<element, Device>(static_cast<element*>(buffer.data), extents,
+                                           extents.row_major_strides(), buffer.device_index,
+                                           stream));
+  };
+  switch (buffer.type) {
+    case dtype::f32:
+      return make(static_cast<float*>(nullptr));
+    case dtype::f64:
+      return make(static_cast<double*>(nullptr));
+    case dtype::bf16:
+      return make(static_cast<bf16*>(nullptr));
+    case dtype::f16:
+      return make(static_cast<half*>(nullptr));
+    case dtype::i32:
+      return make(static_cast<std::int32_t*>(nullptr));
+    case dtype::i64:
+      return make(static_cast<std::int64_t*>(nullptr));
+  }
+  QUINTET_FAIL("communicator: unknown element type {}", static_cast<int>(buffer.type));
+}
+
+template <class Device, class Fn>
+decltype(auto) with_typed_views(const comm_buffer& in, const comm_buffer& out, Fn&& fn) {
+  return with_typed_view<Device, false>(in, [&](auto input) -> decltype(auto) {
+    using T = typename decltype(input)::value_type;
+    const quintet::shape extents{out.count};
+    typename Device::stream_type stream{};
+    if constexpr (std::same_as<Device, cuda>) stream.handle = out.stream;
+    return fn(input, tensor_view<T, Device>(static_cast<T*>(out.data), extents,
+                                            extents.row_major_strides(), out.device_index, stream));
+  });
+}
+
 inline bool buffers_overlap(const comm_buffer& a, const comm_buffer& b) {
   const auto* a_begin = static_cast<const std::byte*>(a.data);
   const auto* b_begin = static_cast<const std::byte*>(b.data);
@@ -257,42 +298,45 @@ class communicator_api {
   // Buffers must stay alive until then; counts and the ops list are copied.
   template <class In, class Out>
   requires tensor_like<std::remove_cvref_t<In>> && tensor_like<std::remove_cvref_t<Out>>
-      comm_request all_reduce_async(const In& in, Out&& out, reduce_op op = reduce_op::sum) {
+  [[nodiscard]] comm_request all_reduce_async(const In& in, Out&& out,
+                                              reduce_op op = reduce_op::sum) {
     const auto [input, output] = all_reduce_buffers(view_of(in), view_of(out));
     return self().do_all_reduce_async(input, output, op);
   }
 
   template <class InOut>
-  requires tensor_like<std::remove_cvref_t<InOut>> comm_request
-  all_reduce_async(InOut&& inout, reduce_op op = reduce_op::sum) {
+  requires tensor_like<std::remove_cvref_t<InOut>>
+  [[nodiscard]] comm_request all_reduce_async(InOut&& inout, reduce_op op = reduce_op::sum) {
     const comm_buffer buffer = writable(view_of(inout), "all_reduce", "in-out");
     return self().do_all_reduce_async(buffer, buffer, op);
   }
 
   template <class In, class Out>
   requires tensor_like<std::remove_cvref_t<In>> && tensor_like<std::remove_cvref_t<Out>>
-      comm_request reduce_scatter_async(const In& in, Out&& out, reduce_op op = reduce_op::sum) {
+  [[nodiscard]] comm_request reduce_scatter_async(const In& in, Out&& out,
+                                                  reduce_op op = reduce_op::sum) {
     const auto [input, output] = reduce_scatter_buffers(view_of(in), view_of(out));
     return self().do_reduce_scatter_async(input, output, op);
   }
 
   template <class In, class Out>
   requires tensor_like<std::remove_cvref_t<In>> && tensor_like<std::remove_cvref_t<Out>>
-      comm_request all_gather_async(const In& in, Out&& out) {
+  [[nodiscard]] comm_request all_gather_async(const In& in, Out&& out) {
     const auto [input, output] = all_gather_buffers(view_of(in), view_of(out));
     return self().do_all_gather_async(input, output);
   }
 
   template <class In, class Out>
   requires tensor_like<std::remove_cvref_t<In>> && tensor_like<std::remove_cvref_t<Out>>
-      comm_request all_to_all_v_async(const In& in, std::span<const std::int64_t> in_counts,
-                                      Out&& out, std::span<const std::int64_t> out_counts) {
+  [[nodiscard]] comm_request all_to_all_v_async(const In& in,
+                                                std::span<const std::int64_t> in_counts, Out&& out,
+                                                std::span<const std::int64_t> out_counts) {
     const auto [input, output] =
         all_to_all_v_buffers(view_of(in), in_counts, view_of(out), out_counts);
     return self().do_all_to_all_v_async(input, in_counts, output, out_counts);
   }
 
-  comm_request exchange_async(std::span<const p2p_op> ops) {
+  [[nodiscard]] comm_request exchange_async(std::span<const p2p_op> ops) {
     check_peers(ops);
     return self().do_exchange_async(ops);
   }

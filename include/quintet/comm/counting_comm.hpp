@@ -115,51 +115,6 @@ class comm_ledger {
   std::map<std::pair<std::string, comm_operation>, comm_tally> tallies_;
 };
 
-namespace detail {
-
-// A contiguous view of a raw buffer with its element type restored; returns fn(view).
-template <class Device, bool Writable, class Fn>
-decltype(auto) with_typed_view(const comm_buffer& buffer, Fn&& fn) {
-  auto make = [&]<class T>(T*) -> decltype(auto) {
-    using element = std::conditional_t<Writable, T, const T>;
-    typename Device::stream_type stream{};
-    if constexpr (std::same_as<Device, cuda>) stream.handle = buffer.stream;
-    const quintet::shape extents{buffer.count};
-    return fn(tensor_view<element, Device>(static_cast<element*>(buffer.data), extents,
-                                           extents.row_major_strides(), buffer.device_index,
-                                           stream));
-  };
-  switch (buffer.type) {
-    case dtype::f32:
-      return make(static_cast<float*>(nullptr));
-    case dtype::f64:
-      return make(static_cast<double*>(nullptr));
-    case dtype::bf16:
-      return make(static_cast<bf16*>(nullptr));
-    case dtype::f16:
-      return make(static_cast<half*>(nullptr));
-    case dtype::i32:
-      return make(static_cast<std::int32_t*>(nullptr));
-    case dtype::i64:
-      return make(static_cast<std::int64_t*>(nullptr));
-  }
-  QUINTET_FAIL("counting_comm: unknown element type {}", static_cast<int>(buffer.type));
-}
-
-template <class Device, class Fn>
-decltype(auto) with_typed_views(const comm_buffer& in, const comm_buffer& out, Fn&& fn) {
-  return with_typed_view<Device, false>(in, [&](auto input) -> decltype(auto) {
-    using T = typename decltype(input)::value_type;
-    const quintet::shape extents{out.count};
-    typename Device::stream_type stream{};
-    if constexpr (std::same_as<Device, cuda>) stream.handle = out.stream;
-    return fn(input, tensor_view<T, Device>(static_cast<T*>(out.data), extents,
-                                            extents.row_major_strides(), out.device_index, stream));
-  });
-}
-
-}  // namespace detail
-
 template <communicator Comm>
 class counting_comm : public communicator_api<counting_comm<Comm>, typename Comm::device_type> {
   using device = typename Comm::device_type;
