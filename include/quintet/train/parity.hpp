@@ -149,11 +149,13 @@ struct parity_report {
 };
 
 // One rank's K = training.steps steps of the GPT under Plan on `mesh` (no_mesh: the serial run):
-// the trainer's loop, so what is checked is what trains.
-template <class T, class Plan, token_source Source, class Mesh>
+// the trainer's loop, so what is checked is what trains. On the device `exec` names (cuda: the
+// shards are copied to the host to be compared).
+template <class T, class Plan, token_source Source, class Mesh, class Device = host>
 parity_run parity_rank(const Source& source, const nn::gpt_config& model,
-                       const training_options& training, const execution<host>& exec, Mesh* mesh) {
-  using trainer_type = trainer<T, Source, Plan, Mesh>;
+                       const training_options& training, const execution<Device>& exec,
+                       Mesh* mesh) {
+  using trainer_type = trainer<T, Source, Plan, Mesh, Device>;
   trainer_type run(source, model, training, exec, mesh);
   parity_run out;
   for (std::int64_t s = 0; s < training.steps; ++s) out.losses.push_back(run.train_step().loss);

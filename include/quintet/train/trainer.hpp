@@ -52,6 +52,8 @@
 // Device (host by default) is where the model computes: trainer<..., cuda> keeps the parameters,
 // gradients, optimizer state and activations on the GPU and copies each step's token ids there
 // (a translation unit compiled by nvcc that includes the kernels' <quintet/kernels/cuda/*.cuh>).
+// Every plan runs there over a mesh of a cuda communicator: nccl_comm (a GPU per rank), or
+// staged_comm (collectives through host memory; thread ranks may share one GPU).
 //
 // evaluate(source, batches) scores the model as it stands on other data (a held-out source): the
 // forward alone, on every rank under the trainer's plan, into contexts it then drops — no gradient,
@@ -225,9 +227,16 @@ class trainer {
   // A 16-bit model trains through fp32 master weights (optim::master_weights).
   static constexpr bool is_mixed = optim::needs_master_weights<T>;
   using master_value_type = optim::master_type_t<T>;
-  static_assert(std::is_same_v<Device, host> || std::is_same_v<Plan, serial_plan>,
-                "train::trainer on a device other than the host trains the serial model so far "
-                "(Plan = serial_plan): the parallel plans over NCCL are not built on cuda yet");
+  static constexpr bool mesh_carries_device = [] {
+    if constexpr (std::is_same_v<Mesh, parallel::no_mesh>) {
+      return true;
+    } else {
+      return std::is_same_v<typename communicator_of<Mesh>::device_type, Device>;
+    }
+  }();
+  static_assert(mesh_carries_device,
+                "train::trainer: the mesh's communicator must carry tensors of the trainer's "
+                "device (on cuda: nccl_comm, or staged_comm over a host communicator)");
   static_assert(!is_mixed || std::is_same_v<T, bf16>,
                 "train::trainer: of the 16-bit types only bf16 trains (fp16 needs loss scaling, "
                 "which is not built)");

@@ -1,0 +1,115 @@
+// The parallel plans on cuda: thread ranks that share one GPU, each with its own stream, cuBLASLt
+// handle and device tensors, run the trainer under a plan over staged_comm<thread_comm, cuda>
+// (collectives through host memory), held to the serial GPT trained on the same GPU by the
+// library's parity check. What runs on the device is what the host parity tests prove: tensor and
+// sequence parallelism (ring attention's block and merge kernels), data parallelism with ZeRO
+// (buckets, reduce-scatter, gather), pipeline schedules (contexts held across micro-batches, the
+// split backward of zero-bubble schedules) and experts (the all_to_all_v of routed tokens).
+#include <quintet/comm/staged_comm.hpp>
+#include <quintet/comm/thread_comm.hpp>
+#include <quintet/data/markov_source.hpp>
+#include <quintet/kernels/cuda/attention.cuh>
+#include <quintet/kernels/cuda/cross_entropy.cuh>
+#include <quintet/kernels/cuda/dropout.cuh>
+#include <quintet/kernels/cuda/elementwise.cuh>
+#include <quintet/kernels/cuda/embedding.cuh>
+#include <quintet/kernels/cuda/layer_norm.cuh>
+#include <quintet/kernels/cuda/matmul.cuh>
+#include <quintet/kernels/cuda/moe.cuh>
+#include <quintet/kernels/cuda/optimizer.cuh>
+#include <quintet/kernels/cuda/softmax.cuh>
+#include <quintet/kernels/cuda/squared_norm.cuh>
+#include <quintet/kernels/cuda_execution.hpp>
+#include <quintet/mesh/device_mesh.hpp>
+#include <quintet/parallel/plan.hpp>
+#include <quintet/tensor/cuda/fill.cuh>
+#include <quintet/tensor/cuda/random.cuh>
+#include <quintet/train/parity.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace par = quintet::parallel;
+namespace train = quintet::train;
+
+namespace {
+
+using staged = quintet::staged_comm<quintet::thread_comm, quintet::cuda>;
+using mesh_type = quintet::device_mesh<staged>;
+static_assert(quintet::communicator<staged>);
+
+const quintet::markov_source source({.vocab = 16, .order = 2, .successors = 3, .seed = 5});
+// 4 layers: zb-v at pp 2 runs 4 chunks of one layer.
+const quintet::nn::gpt_config dense{
+    .vocab = 16, .max_seq = 16, .layers = 4, .d_model = 32, .heads = 4, .mlp_hidden = 64};
+const train::training_options training{
+    .steps = 4, .batch = 8, .seq = 16, .lr = 1e-3, .min_lr = 1e-3, .warmup_steps = 0, .seed = 3};
+
+// The cuda kernels' sums change order with the operands' shapes (cuBLASLt picks its kernel and
+// split per shape; a tp rank multiplies a slice), more than the host's fixed orders do: a few ulp
+// per reduction still, so the loss within 1e-4 relative over 4 steps — a missing or doubled
+// reduction moves it by more than 1e-2 at the first step — and parameters within AdamW's margin.
+train::parity_tolerance cuda_tolerance() {
+  train::parity_tolerance tolerance =
+      train::parity_tolerance::for_adamw(training.lr, training.steps);
+  tolerance.loss_relative = 1e-4;
+  return tolerance;
+}
+
+// Plan on thread ranks sharing the GPU against the serial model on the same GPU.
+template <class Plan>
+void require_parity_on_cuda(const quintet::nn::gpt_config& model,
+                            const train::training_options& options, quintet::mesh_degrees degrees,
+                            const std::string& what) {
+  const quintet::execution<quintet::cuda> serial_exec;
+  const train::parity_run serial =
+      train::parity_rank<float, quintet::serial_plan, quintet::markov_source, par::no_mesh>(
+          source, train::serial_model_for(model, degrees), options, serial_exec, nullptr);
+  const int world = degrees.dp * degrees.pp * degrees.tp * degrees.sp;
+  std::vector<train::parity_run> ranks(static_cast<std::size_t>(world));
+  quintet::thread_world{world}.run([&](quintet::thread_comm& comm) {
+    const quintet::execution<quintet::cuda> exec;
+    staged staged_world(comm.split(0, comm.rank()));
+    mesh_type mesh(staged_world, degrees);
+    ranks[static_cast<std::size_t>(comm.rank())] =
+        train::parity_rank<float, Plan>(source, model, options, exec, &mesh);
+  });
+  const train::parity_report report =
+      train::compare_with_serial(serial, ranks, cuda_tolerance(), what);
+  INFO(report.summary());
+  CHECK(report.passed);
+}
+
+}  // namespace
+
+TEST_CASE("cuda: tensor parallelism with ring attention matches the serial GPT on the GPU",
+          "[device]") {
+  using ring_tp = quintet::plan<par::tp<par::megatron_1d>, par::sp<par::ring>>;
+  require_parity_on_cuda<ring_tp>(dense, training, {.tp = 2, .sp = 2}, "tp 2 x sp 2 (ring)");
+}
+
+TEST_CASE("cuda: data parallelism with ZeRO and pipeline schedules match the serial GPT",
+          "[device]") {
+  using dp_pp = quintet::plan<par::dp<par::zero<par::runtime_stage>>, par::pp<par::named_schedule>>;
+  for (const auto& [stage, schedule] :
+       std::vector<std::pair<int, std::string>>{{3, "1f1b"}, {1, "zb-v"}}) {
+    train::training_options options = training;
+    options.zero_stage = stage;
+    options.micro_batches = 4;
+    options.pipeline.schedule = schedule;
+    INFO("ZeRO-" << stage << ", pp 2 " << schedule);
+    require_parity_on_cuda<dp_pp>(dense, options, {.dp = 2, .pp = 2}, "dp 2 x pp 2");
+  }
+}
+
+TEST_CASE("cuda: experts over ep ranks match the serial MoE GPT", "[device]") {
+  using ep_plan = quintet::plan<par::dp<par::zero<0>>, par::ep<par::top_k<2>>>;
+  quintet::nn::gpt_config model = dense;
+  model.experts = 4;
+  model.top_k = 2;
+  model.capacity_factor = 1.25;
+  require_parity_on_cuda<ep_plan>(model, training, {.dp = 2, .ep = 2}, "dp 2, ep 2");
+}
