@@ -58,11 +58,12 @@ namespace {
 using namespace train_gpt;
 
 // One rank's run on the host, with checkpoints.
-template <class T, class Plan, class Mesh, class Source>
-void run_host_rank(const Source& source, const Source* held_out, const program_options& options,
-                   const quintet::execution<quintet::host>& exec, Mesh* mesh, bool printer) {
-  run_rank<T, Plan, Mesh, Source, quintet::host, host_checkpoints>(source, held_out, options, exec,
-                                                                   mesh, printer);
+template <class T, class Plan, class Mesh>
+void run_host_rank(const token_source_type& source, const token_source_type* held_out,
+                   const program_options& options, const quintet::execution<quintet::host>& exec,
+                   Mesh* mesh, bool printer) {
+  run_rank<T, Plan, Mesh, quintet::host, host_checkpoints>(source, held_out, options, exec, mesh,
+                                                           printer);
 }
 
 // Runtime choices -> plan types: the dispatch table a user writes for a binary that must run
@@ -156,9 +157,9 @@ quintet::mesh_degrees degrees_of(const program_options& options) {
 }
 
 // One rank of a parallel run over `world` (thread_comm or mpi_comm): the mesh, the plan, the loop.
-template <class Source, class Comm>
-void run_parallel_rank(const Source& source, const Source* held_out, program_options options,
-                       Comm& world) {
+template <class Comm>
+void run_parallel_rank(const token_source_type& source, const token_source_type* held_out,
+                       program_options options, Comm& world) {
   // The ranks are the parallelism: each rank's kernels run on one thread unless told otherwise.
   const quintet::execution<quintet::host> exec(options.threads == 0 ? 1 : options.threads);
   if (options.peak_flops == 0.0) {
@@ -186,8 +187,7 @@ void run_parallel_rank(const Source& source, const Source* held_out, program_opt
 // --check-parity: the chosen plan on thread ranks against the serial model, --parity-steps steps
 // on the same batches; prints the library's report and fails when a difference exceeds the
 // tolerance for AdamW at this rate (parity_tolerance::for_adamw says why it scales with lr).
-template <class Source>
-int check_parity(const Source& source, const program_options& options) {
+int check_parity(const token_source_type& source, const program_options& options) {
   QUINTET_CHECK(!options.mpi,
                 "--check-parity runs the plan on thread ranks of one process: start it without "
                 "mpirun");
@@ -340,8 +340,8 @@ void set_peak(program_options& options, const quintet::execution<quintet::host>&
 
 // --device cuda: the serial model on the first GPU (train_gpt_cuda.cu); the parallel plans, the
 // parity check and mpirun run on the host only so far.
-template <class Source>
-int train_on_device(const Source& source, const Source* held_out, const program_options& options) {
+int train_on_device(const token_source_type& source, const token_source_type* held_out,
+                    const program_options& options) {
   QUINTET_CHECK(
       options.world == 1 && !options.mpi && !options.check_parity && options.sp_style == "none",
       "train_gpt --device cuda trains the serial model on one GPU so far: --world, "
@@ -360,8 +360,8 @@ int train_on_device(const Source& source, const Source* held_out, const program_
 #endif
 }
 
-template <class Source>
-int train(const Source& source, const Source* held_out, program_options options) {
+int train(const token_source_type& source, const token_source_type* held_out,
+          program_options options) {
   options.model.vocab = source.vocab_size();
   options.model.max_seq = options.training.seq;
   options.training.zero_stage = options.zero;  // dp<zero<runtime_stage>> takes it at run time
@@ -665,12 +665,16 @@ int main(int argc, char** argv) {
                   options.bucket_mb, sizeof(float), double(sizeof(float)) / double(1 << 20));
     if (!options.data_path.empty()) {
       // The last --held-out of the file is never trained on.
-      const auto split = quintet::byte_corpus::from_file(options.data_path, t.seed)
-                             .split_held_out(options.held_out);
-      return train(split.training, split.held_out ? &*split.held_out : nullptr, options);
+      auto split = quintet::byte_corpus::from_file(options.data_path, t.seed)
+                       .split_held_out(options.held_out);
+      const token_source_type training(std::move(split.training));
+      if (!split.held_out) return train(training, nullptr, options);
+      const token_source_type held_out(std::move(*split.held_out));
+      return train(training, &held_out, options);
     }
-    const quintet::markov_source source(options.source);
-    const quintet::markov_source held_out = source.held_out();
+    const quintet::markov_source markov(options.source);
+    const token_source_type source(markov);
+    const token_source_type held_out(markov.held_out());
     return train(source, &held_out, options);
   } catch (const quintet::error& e) {
     // Under mpirun every rank stops on the same check before training: rank 0 says why.

@@ -81,25 +81,20 @@ std::string where_it_runs(const quintet::execution<quintet::cuda>& exec) {
                      static_cast<double>(properties.totalGlobalMem) / (1 << 30));
 }
 
-template <class Source>
-int train_on_cuda(const Source& source, const Source* held_out, program_options options) {
+int train_on_cuda(const token_source_type& source, const token_source_type* held_out,
+                  program_options options) {
   const quintet::execution<quintet::cuda> exec;
   set_device_peak(options, exec);
   using no_mesh = quintet::parallel::no_mesh;
   if (options.dtype == "bf16") {
-    run_rank<quintet::bf16, quintet::serial_plan, no_mesh, Source, quintet::cuda, no_checkpoints>(
+    run_rank<quintet::bf16, quintet::serial_plan, no_mesh, quintet::cuda, no_checkpoints>(
         source, held_out, options, exec, nullptr, true);
   } else {
-    run_rank<float, quintet::serial_plan, no_mesh, Source, quintet::cuda, no_checkpoints>(
+    run_rank<float, quintet::serial_plan, no_mesh, quintet::cuda, no_checkpoints>(
         source, held_out, options, exec, nullptr, true);
   }
   exec.synchronize();
   return 0;
 }
-
-template int train_on_cuda(const quintet::markov_source&, const quintet::markov_source*,
-                           program_options);
-template int train_on_cuda(const quintet::byte_corpus&, const quintet::byte_corpus*,
-                           program_options);
 
 }  // namespace train_gpt

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <quintet/core/bf16.hpp>
+#include <quintet/data/any_token_source.hpp>
 #include <quintet/data/byte_corpus.hpp>
 #include <quintet/data/markov_source.hpp>
 #include <quintet/nn/generate.hpp>
@@ -33,6 +34,10 @@
 #include <vector>
 
 namespace train_gpt {
+
+// The data, whichever kind the command line chose (the Markov source or a byte corpus): one type,
+// so every plan's trainer is instantiated once, not once per kind of source.
+using token_source_type = quintet::any_token_source;
 
 // The defaults: an order-2 source over 16 tokens (256 contexts, 3 successors each; floor 0.91
 // nats) that a 2-layer model learns to within ~0.05 nats of the floor in 800 steps, once its
@@ -142,10 +147,9 @@ inline parameter_count parameter_counts(std::int64_t on_rank, const quintet::nn:
   return {total, total - blocks * (m.experts - m.top_k) * per_expert};
 }
 
-template <class Source>
-void write_report(const std::string& path, const program_options& options,
-                  const std::optional<double>& floor, const Source& source, const Source* held_out,
-                  const run_record& run) {
+inline void write_report(const std::string& path, const program_options& options,
+                         const std::optional<double>& floor, const token_source_type& source,
+                         const token_source_type* held_out, const run_record& run) {
   const auto& history = run.history;
   quintet::train::json_writer json;
   const auto& m = options.model;
@@ -212,10 +216,11 @@ void write_report(const std::string& path, const program_options& options,
         .member("successors", options.source.successors);
   } else {
     json.member("source", "bytes").member("path", options.data_path);
-    if constexpr (std::is_same_v<Source, quintet::byte_corpus>) {
+    if (const quintet::byte_corpus* bytes = source.bytes()) {
       json.member("held_out_fraction", options.held_out)
-          .member("training_bytes", source.size())
-          .member("held_out_bytes", held_out != nullptr ? held_out->size() : std::int64_t{0});
+          .member("training_bytes", bytes->size())
+          .member("held_out_bytes",
+                  held_out != nullptr ? held_out->bytes()->size() : std::int64_t{0});
     }
   }
   json.key("entropy_floor");
@@ -317,8 +322,8 @@ void write_report(const std::string& path, const program_options& options,
 
 // The prompt of every sample: the first --prompt-tokens tokens of row 0 of the held-out data's
 // first batch (the training data's when nothing is held out), never shorter than one token.
-template <class Source>
-std::vector<std::int32_t> sample_prompt(const Source& source, const program_options& options) {
+inline std::vector<std::int32_t> sample_prompt(const token_source_type& source,
+                                               const program_options& options) {
   const std::int64_t seq = options.training.seq;
   const auto batch = source.batch(0, {0, 1}, seq);
   const std::int64_t n = std::clamp<std::int64_t>(options.prompt_tokens, 1, seq);
@@ -326,13 +331,9 @@ std::vector<std::int32_t> sample_prompt(const Source& source, const program_opti
 }
 
 // Tokens as text: escaped bytes for a byte corpus, one character per token for the synthetic one.
-template <class Source>
-std::string as_text(const Source& source, std::span<const std::int32_t> tokens) {
-  if constexpr (std::is_same_v<Source, quintet::byte_corpus>) {
-    return quintet::train::escape_bytes(tokens);
-  } else {
-    return quintet::train::token_text(tokens, source.vocab_size());
-  }
+inline std::string as_text(const token_source_type& source, std::span<const std::int32_t> tokens) {
+  if (source.bytes() != nullptr) return quintet::train::escape_bytes(tokens);
+  return quintet::train::token_text(tokens, source.vocab_size());
 }
 
 // Of the generated tokens, how many the Markov source allows after the `order` tokens before them
@@ -388,9 +389,10 @@ inline std::string where_it_runs(const quintet::execution<quintet::host>& exec) 
 // Device: where the model computes (the host, or cuda from train_gpt_cuda.cu); samples read the
 // parameters on the host and are refused on another device. Checkpoints: --save, --resume and
 // --export (train_gpt_checkpoints.hpp), or no_checkpoints, which refuses them.
-template <class T, class Plan, class Mesh, class Source, class Device, class Checkpoints>
-void run_rank(const Source& source, const Source* held_out, const program_options& options,
-              const quintet::execution<Device>& exec, Mesh* mesh, bool printer) {
+template <class T, class Plan, class Mesh, class Device, class Checkpoints>
+void run_rank(const token_source_type& source, const token_source_type* held_out,
+              const program_options& options, const quintet::execution<Device>& exec, Mesh* mesh,
+              bool printer) {
   constexpr bool on_host = std::is_same_v<Device, quintet::host>;
   if constexpr (!on_host) {
     QUINTET_CHECK(options.sample_tokens == 0,
@@ -398,8 +400,8 @@ void run_rank(const Source& source, const Source* held_out, const program_option
                   "only so far",
                   Device::name);
   }
-  quintet::train::trainer<T, Source, Plan, Mesh, Device> trainer(source, options.model,
-                                                                 options.training, exec, mesh);
+  quintet::train::trainer<T, token_source_type, Plan, Mesh, Device> trainer(
+      source, options.model, options.training, exec, mesh);
   const std::optional<double> floor = source.entropy_floor(options.training.seq);
   const auto& t = options.training;
   run_record run;
@@ -506,8 +508,8 @@ void run_rank(const Source& source, const Source* held_out, const program_option
       r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       r.prompt_text = as_text(source, prompt);
       r.text = as_text(source, r.tokens);
-      if constexpr (std::is_same_v<Source, quintet::markov_source>)
-        r.allowed = allowed_transitions(source, prompt, r.tokens);
+      if (const quintet::markov_source* markov = source.markov())
+        r.allowed = allowed_transitions(*markov, prompt, r.tokens);
       run.samples.push_back(std::move(r));
       const auto& s = run.samples.back();
       if (!printer) return;
@@ -606,8 +608,8 @@ void run_rank(const Source& source, const Source* held_out, const program_option
 
 #if defined(QUINTET_TRAIN_GPT_CUDA)
 // The serial model trained on the first CUDA device (train_gpt_cuda.cu): --device cuda.
-template <class Source>
-int train_on_cuda(const Source& source, const Source* held_out, program_options options);
+int train_on_cuda(const token_source_type& source, const token_source_type* held_out,
+                  program_options options);
 #endif
 
 }  // namespace train_gpt
