@@ -31,6 +31,7 @@
 //   train_gpt --data /usr/share/common-licenses/GPL-3 --lr 3e-3 --min-lr 3e-4
 //             --sample-every 400 --plot gpl3.svg      # one line
 #include "train_gpt_checkpoints.hpp"
+#include "train_gpt_plans.hpp"
 #include "train_gpt_run.hpp"
 
 #include <quintet/comm/thread_comm.hpp>
@@ -66,96 +67,6 @@ void run_host_rank(const token_source_type& source, const token_source_type* hel
                                                            printer);
 }
 
-// Runtime choices -> plan types: the dispatch table a user writes for a binary that must run
-// several plans. Each plan instantiates its own model code; what it does not use compiles away.
-// The data and tensor policies are in every row: at --dp 1 or --tp 1 each is a group of one.
-// dp<zero<runtime_stage>> takes --zero at run time (training_options::zero_stage): the stage
-// changes which collectives the data-parallel runtime posts, not the model's code, so one row
-// serves ZeRO-0 to 3 instead of one row per stage.
-//
-//   --sp-style  plan<dp<zero<runtime_stage>>, tp<megatron_1d>, ...>  mesh         the sequence
-//   none        (nothing more)                                        {dp,tp}      whole
-//   megatron    sp<megatron_sp>                                       {dp,tp}      on tp
-//   ulysses     sp<ulysses>                                           {dp,tp,sp}   on sp
-//   ring        sp<ring>                                              {dp,tp,sp}   on sp
-//
-// (A single rank with no --sp-style is the serial model, plan serial_plan and no mesh.)
-//
-//   --pp > 1    the same four rows with pp<named_schedule> last                + .pp
-// One row per sequence style for every schedule: pp<named_schedule> takes --schedule at run time
-// (the schedules are data, the stage code is the same). The stages are the plan's: under --tp and
-// the sequence styles each stage's layers are split as the whole model's would be; under --zero 3
-// every stage gathers its layers through the access hooks.
-//
-//   --ep > 1    plan<dp<zero<runtime_stage>>, tp<megatron_1d>, ep<top_k<runtime_k>>
-//               [, pp<named_schedule>]>                                   {dp,tp,ep[,pp]}
-// One row for every --top-k: the style's K only checks the model's k (the router's k is a model
-// option and changes no code), so top_k<runtime_k> takes the model's at run time — one
-// instantiation rather than one per k; with --pp the same row with the pipeline last. ep
-// subdivides dp (--dp must be a multiple of --ep); under --tp every expert's hidden units are
-// split over tp as the dense MLP's are; under --pp the ep group is the dp ranks of one stage.
-// --sp and --sp-style are refused with experts. A MoE model without --ep runs in the pipeline
-// rows and in the rows without --sp-style, each rank holding every expert (under --tp, its
-// slice).
-template <class Plan>
-struct plan_type {
-  using type = Plan;
-};
-
-// The row of --sp-style, with `Last...` (pp<named_schedule> or nothing) after the sequence policy.
-template <class... Last, class Fn>
-void with_sequence_plan(const std::string& sp_style, Fn&& fn) {
-  namespace par = quintet::parallel;
-  using data_parallel = par::dp<par::zero<par::runtime_stage>>;
-  using tensor_parallel = par::tp<par::megatron_1d>;
-  if (sp_style == "none") {
-    fn(plan_type<quintet::plan<data_parallel, tensor_parallel, Last...>>{});
-  } else if (sp_style == "megatron") {
-    fn(plan_type<
-        quintet::plan<data_parallel, tensor_parallel, par::sp<par::megatron_sp>, Last...>>{});
-  } else if (sp_style == "ulysses") {
-    fn(plan_type<quintet::plan<data_parallel, tensor_parallel, par::sp<par::ulysses>, Last...>>{});
-  } else if (sp_style == "ring") {
-    fn(plan_type<quintet::plan<data_parallel, tensor_parallel, par::sp<par::ring>, Last...>>{});
-  } else {
-    QUINTET_FAIL("--sp-style {}: expected none, megatron, ulysses or ring", sp_style);
-  }
-}
-
-template <class Fn>
-void with_plan(const program_options& options, Fn&& fn) {
-  namespace par = quintet::parallel;
-  // check_parallel_options has refused the combinations no row takes (--zero 3 with --pp,
-  // experts with --sp).
-  if (options.ep > 1) {
-    using data_parallel = par::dp<par::zero<par::runtime_stage>>;
-    using tensor_parallel = par::tp<par::megatron_1d>;
-    using experts = par::ep<par::top_k<par::runtime_k>>;
-    if (options.pp > 1)
-      return fn(plan_type<quintet::plan<data_parallel, tensor_parallel, experts,
-                                        par::pp<par::named_schedule>>>{});
-    return fn(plan_type<quintet::plan<data_parallel, tensor_parallel, experts>>{});
-  }
-  if (options.pp > 1) {
-    return with_sequence_plan<par::pp<par::named_schedule>>(options.sp_style, fn);
-  }
-  return with_sequence_plan<>(options.sp_style, fn);
-}
-
-// The parallel rows --dtype bf16 is built for (more rows, more compile time): the rows without a
-// sequence style — dp x tp, with --pp, and with --ep — where mixed precision composes with every
-// ZeRO stage. The library composes bf16 with the sequence styles too
-// (test_mixed_precision.cpp).
-template <class Plan>
-inline constexpr bool bf16_row = !Plan::template has<quintet::parallel::strategy::sequence> &&
-                                 !(Plan::template has<quintet::parallel::strategy::pipeline> &&
-                                   Plan::template has<quintet::parallel::strategy::expert>);
-
-// The mesh of the run's degrees.
-quintet::mesh_degrees degrees_of(const program_options& options) {
-  return {.dp = options.dp, .pp = options.pp, .tp = options.tp, .sp = options.sp, .ep = options.ep};
-}
-
 // One rank of a parallel run over `world` (thread_comm or mpi_comm): the mesh, the plan, the loop.
 template <class Comm>
 void run_parallel_rank(const token_source_type& source, const token_source_type* held_out,
@@ -170,18 +81,9 @@ void run_parallel_rank(const token_source_type& source, const token_source_type*
     options.peak_source = fmt::format("sgemm probe: {:.1f} GFLOP/s per rank x {} ranks",
                                       probe.flops_per_second / 1e9, options.world);
   }
-  using mesh_type = quintet::device_mesh<Comm>;
-  mesh_type mesh(world, degrees_of(options));
-  with_plan(options, [&]<class Plan>(plan_type<Plan>) {
-    if (options.dtype == "bf16") {
-      // check_parallel_options has refused the rows bf16 is not built for.
-      if constexpr (bf16_row<Plan>)
-        return run_host_rank<quintet::bf16, Plan>(source, held_out, options, exec, &mesh,
-                                                  world.rank() == 0);
-      QUINTET_FAIL("--dtype bf16 runs without --sp-style, and not with --pp and --ep together");
-    }
-    run_host_rank<float, Plan>(source, held_out, options, exec, &mesh, world.rank() == 0);
-  });
+  quintet::device_mesh<Comm> mesh(world, degrees_of(options));
+  run_plan_rank<quintet::host, host_checkpoints>(source, held_out, options, exec, mesh,
+                                                 world.rank() == 0);
 }
 
 // --check-parity: the chosen plan on thread ranks against the serial model, --parity-steps steps
@@ -338,14 +240,13 @@ void set_peak(program_options& options, const quintet::execution<quintet::host>&
                                     probe.size, probe.size, probe.threads, probe.seconds);
 }
 
-// --device cuda: the serial model on the first GPU (train_gpt_cuda.cu); the parallel plans, the
-// parity check and mpirun run on the host only so far.
+// --device cuda (train_gpt_cuda.cu, a library of its own): the serial model on the first GPU, a
+// plan on thread ranks sharing that GPU, or under mpirun a plan over NCCL, one GPU per rank.
 int train_on_device(const token_source_type& source, const token_source_type* held_out,
                     const program_options& options) {
-  QUINTET_CHECK(
-      options.world == 1 && !options.mpi && !options.check_parity && options.sp_style == "none",
-      "train_gpt --device cuda trains the serial model on one GPU so far: --world, "
-      "the parallel degrees, --sp-style, mpirun and --check-parity run on the host");
+  QUINTET_CHECK(!options.check_parity,
+                "train_gpt --device cuda --check-parity: the parity check runs on the host; on a "
+                "GPU, test_gpu_parallel holds the plans to the serial model");
   QUINTET_CHECK(options.threads == 0,
                 "train_gpt --device cuda: --threads {} sets host threads, which a GPU run does "
                 "not use",
@@ -502,8 +403,9 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({"f32", "bf16"}));
   app.add_option("--device", options.device,
-                 "where the model computes: host, or cuda (the serial model on the first GPU; "
-                 "needs a build with nvcc)")
+                 "where the model computes: host, or cuda (one GPU, whose thread ranks share it "
+                 "under --world; under mpirun one GPU per rank over NCCL; needs a build with "
+                 "nvcc)")
       ->capture_default_str()
       ->check(CLI::IsMember({"host", "cuda"}));
   app.add_option("--threads", options.threads,

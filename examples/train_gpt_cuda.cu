@@ -1,22 +1,8 @@
-// train_gpt --device cuda: the serial GPT trained on the first CUDA device, in fp32 or bf16 (fp32
-// master weights), with the same run loop, progress lines and report as the host (run_rank).
-// Compiled by nvcc, which sees the CUDA kernels; the host program calls train_on_cuda.
-#include "train_gpt_run.hpp"
-
-#include <quintet/kernels/cuda/attention.cuh>
-#include <quintet/kernels/cuda/cross_entropy.cuh>
-#include <quintet/kernels/cuda/dropout.cuh>
-#include <quintet/kernels/cuda/elementwise.cuh>
-#include <quintet/kernels/cuda/embedding.cuh>
-#include <quintet/kernels/cuda/layer_norm.cuh>
-#include <quintet/kernels/cuda/matmul.cuh>
-#include <quintet/kernels/cuda/moe.cuh>
-#include <quintet/kernels/cuda/optimizer.cuh>
-#include <quintet/kernels/cuda/softmax.cuh>
-#include <quintet/kernels/cuda/squared_norm.cuh>
-#include <quintet/kernels/cuda_execution.hpp>
-#include <quintet/tensor/cuda/fill.cuh>
-#include <quintet/tensor/cuda/random.cuh>
+// train_gpt --device cuda: the GPT trained on CUDA devices, in fp32 or bf16 (fp32 master weights),
+// with the same run loop, progress lines and report as the host (run_rank): the serial model on
+// the first GPU here, the plans in train_gpt_cuda_threads.cu and train_gpt_cuda_nccl.cu. Compiled
+// by nvcc into the train_gpt_cuda library; the host program calls train_on_cuda.
+#include "train_gpt_cuda.hpp"
 
 #include <cuda_runtime_api.h>
 
@@ -49,28 +35,6 @@ cudaDeviceProp device_properties(const quintet::execution<quintet::cuda>& exec) 
   return properties;
 }
 
-// --peak-tflops, or the device's dense bf16 peak from the table; a device the table does not know
-// needs --peak-tflops.
-void set_device_peak(program_options& options, const quintet::execution<quintet::cuda>& exec) {
-  const std::string name = device_properties(exec).name;
-  if (options.peak_tflops > 0.0) {
-    options.peak_flops = options.peak_tflops * 1e12;
-    options.peak_source = fmt::format("--peak-tflops {} on {}", options.peak_tflops, name);
-    return;
-  }
-  for (const auto& peak : known_peaks) {
-    if (name == peak.name) {
-      options.peak_flops = peak.bf16_tflops * 1e12;
-      options.peak_source = fmt::format("{} dense bf16 peak, {} TFLOP/s", name, peak.bf16_tflops);
-      return;
-    }
-  }
-  QUINTET_FAIL(
-      "train_gpt --device cuda: the dense bf16 peak of '{}' is not known; give it with "
-      "--peak-tflops",
-      name);
-}
-
 }  // namespace
 
 template <>
@@ -81,10 +45,48 @@ std::string where_it_runs(const quintet::execution<quintet::cuda>& exec) {
                      static_cast<double>(properties.totalGlobalMem) / (1 << 30));
 }
 
+// A device the table does not know needs --peak-tflops.
+void set_device_peak(program_options& options, const quintet::execution<quintet::cuda>& exec,
+                     int devices) {
+  const std::string name = device_properties(exec).name;
+  const std::string times = devices > 1 ? fmt::format(" x {} devices", devices) : "";
+  if (options.peak_tflops > 0.0) {
+    options.peak_flops = options.peak_tflops * 1e12 * devices;
+    options.peak_source = fmt::format("--peak-tflops {} on {}{}", options.peak_tflops, name, times);
+    return;
+  }
+  for (const auto& peak : known_peaks) {
+    if (name == peak.name) {
+      options.peak_flops = peak.bf16_tflops * 1e12 * devices;
+      options.peak_source =
+          fmt::format("{} dense bf16 peak, {} TFLOP/s{}", name, peak.bf16_tflops, times);
+      return;
+    }
+  }
+  QUINTET_FAIL(
+      "train_gpt --device cuda: the dense bf16 peak of '{}' is not known; give it with "
+      "--peak-tflops",
+      name);
+}
+
 int train_on_cuda(const token_source_type& source, const token_source_type* held_out,
                   program_options options) {
+  if (options.mpi) {
+#if defined(QUINTET_WITH_NCCL)
+    train_cuda_nccl_ranks(source, held_out, options);
+    return 0;
+#else
+    QUINTET_FAIL(
+        "train_gpt --device cuda under mpirun needs NCCL, and this train_gpt was built without "
+        "it");
+#endif
+  }
+  if (options.world > 1 || options.sp_style != "none") {
+    train_cuda_thread_ranks(source, held_out, options);
+    return 0;
+  }
   const quintet::execution<quintet::cuda> exec;
-  set_device_peak(options, exec);
+  set_device_peak(options, exec, 1);
   using no_mesh = quintet::parallel::no_mesh;
   if (options.dtype == "bf16") {
     run_rank<quintet::bf16, quintet::serial_plan, no_mesh, quintet::cuda, no_checkpoints>(

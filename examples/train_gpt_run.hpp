@@ -1,6 +1,6 @@
 // train_gpt's options and one rank's training run (run_rank), shared by the host program
-// (train_gpt.cpp: the plans, thread ranks and mpirun) and its CUDA part (train_gpt_cuda.cu: the
-// serial model on a GPU, compiled by nvcc).
+// (train_gpt.cpp: the plans, thread ranks and mpirun) and its CUDA part (train_gpt_cuda*.cu, the
+// same on GPUs, compiled by nvcc into a library of its own).
 #pragma once
 
 #include <quintet/core/bf16.hpp>
@@ -65,7 +65,7 @@ struct program_options {
   std::string trace_path;  // --pp: the last step's measured timeline (Perfetto JSON)
   std::string sp_style = "none";  // none, megatron (on the tp group), ulysses, ring
   std::string dtype = "f32";      // f32, or bf16: mixed precision with fp32 master weights
-  std::string device = "host";    // host, or cuda: the serial model on the first GPU
+  std::string device = "host";    // host, or cuda (train_gpt_cuda.cu)
   bool mpi = false;               // the ranks are mpirun's processes
   bool check_parity = false;      // compare the plan with the serial model instead of training
   std::int64_t parity_steps = 5;
@@ -607,7 +607,8 @@ void run_rank(const token_source_type& source, const token_source_type* held_out
 }
 
 #if defined(QUINTET_TRAIN_GPT_CUDA)
-// The serial model trained on the first CUDA device (train_gpt_cuda.cu): --device cuda.
+// --device cuda (train_gpt_cuda.cu): the serial model on the first GPU, a plan on thread ranks
+// sharing it, or under mpirun a plan over NCCL. The one function the CUDA library exports.
 int train_on_cuda(const token_source_type& source, const token_source_type* held_out,
                   program_options options);
 #endif

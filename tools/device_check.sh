@@ -87,6 +87,18 @@ for test in $tests; do
   echo "$name $code $result" | tee -a "$out/tests.txt"
   ((code == 0)) || status=1
 done
+# train_gpt's plans on the GPU, each against the serial run on the GPU step by step: thread ranks
+# sharing the device (tp x ring sp, dp x pp) and one rank over NCCL under mpirun (CTest entries of
+# the build, so only when this script built it).
+if [[ -z "$bin" ]]; then
+  env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 300 \
+    ctest --test-dir "$build" -R '^example_train_gpt_cuda_.*_matches_serial$' --output-on-failure \
+    > "$out/train_gpt_cuda_plans.log" 2>&1
+  code=$?
+  result=$(grep -E "tests passed" "$out/train_gpt_cuda_plans.log" | tail -1)
+  echo "train_gpt_cuda_plans $code $result" | tee -a "$out/tests.txt"
+  ((code == 0)) || status=1
+fi
 echo "device_check: tests done ($(elapsed) s)"
 
 if ((skip_bench == 0)); then

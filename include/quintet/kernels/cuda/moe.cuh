@@ -165,8 +165,9 @@ __global__ void __launch_bounds__(moe_threads)
 }
 
 // A thread per slot: a kept slot's position within its expert becomes its row in the buffer
-// (from first_row, the kept rows of the experts before it first).
-__global__ void expert_offsets_kernel(const std::int32_t* expert, const std::int64_t* kept,
+// (from first_row, the kept rows of the experts before it first). Static: a kernel that is not a
+// template is defined again in every translation unit including this header.
+static __global__ void expert_offsets_kernel(const std::int32_t* expert, const std::int64_t* kept,
                                       std::int32_t* position, std::int64_t assignments,
                                       std::int64_t first_row) {
   for (std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < assignments;
