@@ -29,12 +29,12 @@ void set_device_peak(program_options& options, const quintet::execution<quintet:
 // --world thread ranks sharing the first GPU, each over staged_comm<thread_comm, cuda>: a plan
 // checked on one device (the ranks' kernels take turns on it; no speed-up).
 void train_cuda_thread_ranks(const token_source_type& source, const token_source_type* held_out,
-                           const program_options& options);
+                             const program_options& options);
 
 #if defined(QUINTET_WITH_NCCL)
 // Under mpirun: one GPU per rank (by the rank's place on its node), the plan's mesh over NCCL.
 void train_cuda_nccl_ranks(const token_source_type& source, const token_source_type* held_out,
-                        const program_options& options);
+                           const program_options& options);
 #endif
 
 }  // namespace train_gpt

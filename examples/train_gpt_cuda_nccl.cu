@@ -19,8 +19,8 @@ namespace {
 // This rank's place among the ranks of its node, and their number.
 std::pair<int, int> node_rank_and_size(const quintet::mpi_comm& world) {
   MPI_Comm node = MPI_COMM_NULL;
-  QUINTET_MPI_CALL(
-      MPI_Comm_split_type(world.native(), MPI_COMM_TYPE_SHARED, world.rank(), MPI_INFO_NULL, &node));
+  QUINTET_MPI_CALL(MPI_Comm_split_type(world.native(), MPI_COMM_TYPE_SHARED, world.rank(),
+                                       MPI_INFO_NULL, &node));
   int rank = 0, size = 0;
   MPI_Comm_rank(node, &rank);
   MPI_Comm_size(node, &size);
@@ -31,7 +31,7 @@ std::pair<int, int> node_rank_and_size(const quintet::mpi_comm& world) {
 }  // namespace
 
 void train_cuda_nccl_ranks(const token_source_type& source, const token_source_type* held_out,
-                        const program_options& options) {
+                           const program_options& options) {
   // The world is mpirun's: a rank that throws makes the others raise, then ends the job.
   quintet::mpi_session{}.run([&](quintet::mpi_comm& world) {
     const auto [node_rank, node_size] = node_rank_and_size(world);

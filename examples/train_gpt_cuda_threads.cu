@@ -9,11 +9,11 @@
 namespace train_gpt {
 
 void train_cuda_thread_ranks(const token_source_type& source, const token_source_type* held_out,
-                           const program_options& options) {
+                             const program_options& options) {
   program_options shared = options;
   {
     const quintet::execution<quintet::cuda> exec;  // the device query, before any rank starts
-    set_device_peak(shared, exec, 1);               // one device, whatever --world is
+    set_device_peak(shared, exec, 1);              // one device, whatever --world is
   }
   using staged = quintet::staged_comm<quintet::thread_comm, quintet::cuda>;
   quintet::thread_world{options.world}.run([&](quintet::thread_comm& comm) {

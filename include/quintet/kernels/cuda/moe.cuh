@@ -168,8 +168,8 @@ __global__ void __launch_bounds__(moe_threads)
 // (from first_row, the kept rows of the experts before it first). Static: a kernel that is not a
 // template is defined again in every translation unit including this header.
 static __global__ void expert_offsets_kernel(const std::int32_t* expert, const std::int64_t* kept,
-                                      std::int32_t* position, std::int64_t assignments,
-                                      std::int64_t first_row) {
+                                             std::int32_t* position, std::int64_t assignments,
+                                             std::int64_t first_row) {
   for (std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < assignments;
        i += std::int64_t{gridDim.x} * blockDim.x) {
     if (position[i] < 0) continue;
