@@ -19,7 +19,13 @@
 #include <quintet/tensor/cuda/fill.cuh>
 #include <quintet/tensor/cuda/random.cuh>
 
+#include <string>
+
 namespace train_gpt {
+
+// The run line's "where": the device's number, name, SMs and memory (train_gpt_cuda.cu).
+template <>
+std::string where_it_runs(const quintet::execution<quintet::cuda>& exec);
 
 // --peak-tflops, or the dense bf16 peak of exec's device from a table of known devices, times
 // `devices` (the run's GPUs alike): options.peak_flops and its source line.

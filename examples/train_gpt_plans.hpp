@@ -71,8 +71,7 @@ void with_sequence_plan(const std::string& sp_style, Fn&& fn) {
 template <class Fn>
 void with_plan(const program_options& options, Fn&& fn) {
   namespace par = quintet::parallel;
-  // check_parallel_options has refused the combinations no row takes (--zero 3 with --pp,
-  // experts with --sp).
+  // check_parallel_options has refused the combinations no row takes (experts with --sp).
   if (options.ep > 1) {
     using data_parallel = par::dp<par::zero<par::runtime_stage>>;
     using tensor_parallel = par::tp<par::megatron_1d>;

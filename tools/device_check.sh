@@ -91,8 +91,9 @@ done
 # sharing the device (tp x ring sp, dp x pp) and one rank over NCCL under mpirun (CTest entries of
 # the build, so only when this script built it).
 if [[ -z "$bin" ]]; then
-  env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 300 \
-    ctest --test-dir "$build" -R '^example_train_gpt_cuda_.*_matches_serial$' --output-on-failure \
+  env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 600 \
+    ctest --test-dir "$build" -R '^example_train_gpt_cuda_.*_matches_serial$' --no-tests=error \
+    --output-on-failure \
     > "$out/train_gpt_cuda_plans.log" 2>&1
   code=$?
   result=$(grep -E "tests passed" "$out/train_gpt_cuda_plans.log" | tail -1)

@@ -1,10 +1,11 @@
-// The parallel plans on cuda: thread ranks that share one GPU, each with its own stream, cuBLASLt
-// handle and device tensors, run the trainer under a plan over staged_comm<thread_comm, cuda>
-// (collectives through host memory), held to the serial GPT trained on the same GPU by the
-// library's parity check. What runs on the device is what the host parity tests prove: tensor and
-// sequence parallelism (ring attention's block and merge kernels), data parallelism with ZeRO
-// (buckets, reduce-scatter, gather), pipeline schedules (contexts held across micro-batches, the
-// split backward of zero-bubble schedules) and experts (the all_to_all_v of routed tokens).
+// The parallel plans on cuda: thread ranks that share one GPU (and its legacy default stream), each
+// with its own cuBLASLt handle and device tensors, run the trainer under a plan over
+// staged_comm<thread_comm, cuda> (collectives through host memory), held to the serial GPT trained
+// on the same GPU by the library's parity check. What runs on the device is what the host parity
+// tests prove: tensor and sequence parallelism (ring attention's block and merge kernels), data
+// parallelism with ZeRO (buckets, reduce-scatter, gather), pipeline schedules (contexts held across
+// micro-batches, the split backward of zero-bubble schedules) and experts (the all_to_all_v of
+// routed tokens).
 #include <quintet/comm/staged_comm.hpp>
 #include <quintet/comm/thread_comm.hpp>
 #include <quintet/data/markov_source.hpp>

@@ -43,6 +43,15 @@ using bad = quintet::nn::gpt<float, quintet::host,
 #include <quintet/train/trainer.hpp>
 // fp16 would need loss scaling, which is not built: of the 16-bit types only bf16 trains.
 using bad = quintet::train::trainer<quintet::half, quintet::markov_source>;
+#elif defined(PLAN_CASE_TRAINER_MESH_DEVICE)
+#include <quintet/comm/thread_comm.hpp>
+#include <quintet/data/markov_source.hpp>
+#include <quintet/mesh/device_mesh.hpp>
+#include <quintet/train/trainer.hpp>
+// thread_comm carries host tensors: a cuda trainer needs nccl_comm or staged_comm in its mesh.
+using bad = quintet::train::trainer<float, quintet::markov_source,
+                                    quintet::plan<parallel::tp<parallel::megatron_1d>>,
+                                    quintet::device_mesh<quintet::thread_comm>, quintet::cuda>;
 #endif
 
 int main() { return sizeof(bad) == 0; }

@@ -7,8 +7,9 @@
 // operation for needing no GPU per rank.
 //
 // Ordering on the device: a device input is read after the work its stream holds (the copy to the
-// host synchronises that stream), and a result is on the device, in the output's stream order,
-// before the operation (or its wait()) returns. staged_comm<..., cuda> needs
+// host synchronises the stream the tensor records, so the kernels that wrote it must run there:
+// docs/comm.md, "Which stream is waited"), and a result is on the device, in the output's stream
+// order, before the operation (or its wait()) returns. staged_comm<..., cuda> needs
 // <quintet/tensor/cuda_memory.hpp> in the translation unit, as copy() between devices does.
 #pragma once
 

@@ -165,15 +165,16 @@ __global__ void __launch_bounds__(moe_threads)
 }
 
 // A thread per slot: a kept slot's position within its expert becomes its row in the buffer
-// (from first_row, the kept rows of the experts before it first). Static: a kernel that is not a
-// template is defined again in every translation unit including this header.
-static __global__ void expert_offsets_kernel(const std::int32_t* expert, const std::int64_t* kept,
-                                             std::int32_t* position, std::int64_t assignments,
-                                             std::int64_t first_row) {
+// (from first_row, the kept rows of the experts before it first). A template, as every kernel in
+// a header is: an ordinary __global__ function would be defined again by every unit including it.
+template <class Count>
+__global__ void expert_offsets_kernel(const std::int32_t* expert, const Count* kept,
+                                      std::int32_t* position, std::int64_t assignments,
+                                      Count first_row) {
   for (std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < assignments;
        i += std::int64_t{gridDim.x} * blockDim.x) {
     if (position[i] < 0) continue;
-    std::int64_t offset = first_row;
+    Count offset = first_row;
     for (std::int32_t e = 0; e < expert[i]; ++e) offset += kept[e];
     position[i] = static_cast<std::int32_t>(offset + position[i]);
   }
@@ -367,9 +368,9 @@ struct moe_engine<cuda> {
     QUINTET_CUDA_CHECK(cudaGetLastError());
     const std::int64_t assignments = n.tokens * n.k;
     if (assignments > 0) {
-      cuda_impl::expert_offsets_kernel<<<cuda_impl::moe_blocks(assignments), threads, 0,
-                                         exec.native()>>>(expert, kept, position, assignments,
-                                                          n.first_row);
+      cuda_impl::expert_offsets_kernel<std::int64_t>
+          <<<cuda_impl::moe_blocks(assignments), threads, 0, exec.native()>>>(
+              expert, kept, position, assignments, n.first_row);
       QUINTET_CUDA_CHECK(cudaGetLastError());
     }
   }
