@@ -87,19 +87,6 @@ for test in $tests; do
   echo "$name $code $result" | tee -a "$out/tests.txt"
   ((code == 0)) || status=1
 done
-# train_gpt's plans on the GPU, each against the serial run on the GPU step by step: thread ranks
-# sharing the device (tp x ring sp, dp x pp) and one rank over NCCL under mpirun (CTest entries of
-# the build, so only when this script built it).
-if [[ -z "$bin" ]]; then
-  env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 600 \
-    ctest --test-dir "$build" -R '^example_train_gpt_cuda_.*_matches_serial$' --no-tests=error \
-    --output-on-failure \
-    > "$out/train_gpt_cuda_plans.log" 2>&1
-  code=$?
-  result=$(grep -E "tests passed" "$out/train_gpt_cuda_plans.log" | tail -1)
-  echo "train_gpt_cuda_plans $code $result" | tee -a "$out/tests.txt"
-  ((code == 0)) || status=1
-fi
 echo "device_check: tests done ($(elapsed) s)"
 
 if ((skip_bench == 0)); then
@@ -141,6 +128,38 @@ if [[ -x "$train_gpt" ]]; then
     --eval-every 0 --log-every 5 --report "$out/train_gpt_report.json" \
     > "$out/train_gpt_124m.log" 2>&1 || status=1
   grep -E "^(quintet|step|summary)|error" "$out/train_gpt_124m.log" | cut -c1-200
+  # The plans on the GPU, each against the serial run on the GPU step by step (the CTest entries
+  # example_train_gpt_cuda_*_matches_serial, here without CTest so --bin works too): thread ranks
+  # sharing the device (tp x ring sp; dp x pp, 1f1b, ZeRO-1) and one NCCL rank under mpirun.
+  short=(--device cuda --peak-tflops 1 --steps 12 --warmup 2 --log-every 4 --layers 1 --d-model 32
+         --seq 16 --batch 4)
+  short_pp=(--device cuda --peak-tflops 1 --steps 12 --warmup 2 --log-every 4 --layers 4
+            --d-model 32 --seq 16 --batch 8 --micro-batches 4)
+  plans_ok=1
+  plan_run() {  # name, launcher ("" or mpirun ...), flags...
+    local name=$1 launcher=$2
+    shift 2
+    # shellcheck disable=SC2086
+    env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 180 $launcher \
+      "$train_gpt" "$@" --report "$out/plan_$name.json" > "$out/plan_$name.log" 2>&1 || plans_ok=0
+  }
+  plan_compare() {  # reference, candidate
+    python3 tools/compare_train_reports.py "$out/plan_$1.json" "$out/plan_$2.json" \
+      > "$out/plan_$2.compare.txt" 2>&1 || plans_ok=0
+    echo "train_gpt_cuda $2 against $1: $(cat "$out/plan_$2.compare.txt")"
+  }
+  plan_run serial "" "${short[@]}"
+  plan_run tp_ring "" "${short[@]}" --world 4 --tp 2 --sp 2 --sp-style ring
+  plan_compare serial tp_ring
+  plan_run serial_pp "" "${short_pp[@]}"
+  plan_run dp_pp "" "${short_pp[@]}" --world 4 --dp 2 --pp 2 --schedule 1f1b --zero 1
+  plan_compare serial_pp dp_pp
+  if command -v mpirun > /dev/null; then
+    plan_run nccl "mpirun -np 1 --allow-run-as-root" "${short[@]}"
+    plan_compare serial nccl
+  fi
+  echo "train_gpt_cuda_plans $((1 - plans_ok))" >> "$out/tests.txt"
+  ((plans_ok)) || status=1
 else
   echo "device_check: no $train_gpt" >&2
   status=1
