@@ -1,5 +1,5 @@
 // train_gpt's options and one rank's training run (run_rank), shared by the host program
-// (train_gpt.cpp: the plans, thread ranks and mpirun) and its CUDA part (train_gpt_cuda*.cu, the
+// (train_gpt.cpp: the plans, thread ranks and mpirun) and its CUDA part (train_gpt_cuda.cu, the
 // same on GPUs, compiled by nvcc into a library of its own).
 #pragma once
 
