@@ -7,9 +7,9 @@
 #
 # --out DIR     where the logs, the benchmark JSON and summary.json go (default: device-check/
 #               in the repository)
-# --bin DIR     use binaries built elsewhere (test_gpu_*, bench_gpu_kernels and train_gpt in
-#               DIR) instead of building; the machine then needs only the driver and the shared
-#               libraries they use
+# --bin DIR     use binaries built elsewhere (test_gpu_*, bench_gpu_kernels, train_gpt and its
+#               libtrain_gpt_cuda.so in DIR) instead of building; the machine then needs only the
+#               driver and the shared libraries they use
 # --skip-bench  no kernel benchmarks
 # --no-profile  no per-kernel profile of two 124M steps (taken where Nsight Compute's ncu is
 #               installed, ~45 s on an H200; tools/ncu_summary.py groups it into kernel families)
