@@ -122,6 +122,8 @@ class staged_operation final : public pending_operation {
     complete();
     if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
   }
+  // True once the host operations are done: wait() then waits on no peer, though it still copies
+  // the results to the device (synchronously) before returning.
   bool ready() override {
     for (staged_operation* op = this; op != nullptr && !op->completed_; op = op->previous_.get()) {
       if (op->on_host_ && !op->on_host_->ready()) return false;
