@@ -58,15 +58,6 @@ namespace {
 
 using namespace train_gpt;
 
-// One rank's run on the host, with checkpoints.
-template <class T, class Plan, class Mesh>
-void run_host_rank(const token_source_type& source, const token_source_type* held_out,
-                   const program_options& options, const quintet::execution<quintet::host>& exec,
-                   Mesh* mesh, bool printer) {
-  run_rank<T, Plan, Mesh, quintet::host, host_checkpoints>(source, held_out, options, exec, mesh,
-                                                           printer);
-}
-
 // One rank of a parallel run over `world` (thread_comm or mpi_comm): the mesh, the plan, the loop.
 template <class Comm>
 void run_parallel_rank(const token_source_type& source, const token_source_type* held_out,
@@ -292,13 +283,7 @@ int train(const token_source_type& source, const token_source_type* held_out,
 #endif
   set_peak(options, exec);
   if (options.world == 1 && options.sp_style == "none") {
-    if (options.dtype == "bf16") {
-      run_host_rank<quintet::bf16, quintet::serial_plan, quintet::parallel::no_mesh>(
-          source, held_out, options, exec, nullptr, true);
-    } else {
-      run_host_rank<float, quintet::serial_plan, quintet::parallel::no_mesh>(
-          source, held_out, options, exec, nullptr, true);
-    }
+    run_serial_rank<quintet::host, host_checkpoints>(source, held_out, options, exec);
     return 0;
   }
   quintet::thread_world{options.world}.run(

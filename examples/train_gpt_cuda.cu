@@ -189,14 +189,7 @@ int train_on_cuda(const token_source_type& source, const token_source_type* held
   }
   const quintet::execution<quintet::cuda> exec;
   set_device_peak(options, exec, 1);
-  using no_mesh = quintet::parallel::no_mesh;
-  if (options.dtype == "bf16") {
-    run_rank<quintet::bf16, quintet::serial_plan, no_mesh, quintet::cuda, no_checkpoints>(
-        source, held_out, options, exec, nullptr, true);
-  } else {
-    run_rank<float, quintet::serial_plan, no_mesh, quintet::cuda, no_checkpoints>(
-        source, held_out, options, exec, nullptr, true);
-  }
+  run_serial_rank<quintet::cuda, no_checkpoints>(source, held_out, options, exec);
   exec.synchronize();
   return 0;
 }

@@ -1,4 +1,4 @@
-// train_gpt's plans: the runtime choices (--sp-style, --pp, --ep, --dtype) mapped to plan types,
+// train_gpt's runs: the runtime choices (--sp-style, --pp, --ep, --dtype) mapped to plan types,
 // shared by the host program (train_gpt.cpp) and its CUDA part (train_gpt_cuda.cu), which
 // instantiate the same rows for their own device.
 #pragma once
@@ -99,6 +99,20 @@ inline constexpr bool bf16_row = !Plan::template has<quintet::parallel::strategy
 // The mesh of the run's degrees.
 inline quintet::mesh_degrees degrees_of(const program_options& options) {
   return {.dp = options.dp, .pp = options.pp, .tp = options.tp, .sp = options.sp, .ep = options.ep};
+}
+
+// The serial model (no plan, no mesh) in --dtype, on Device.
+template <class Device, class Checkpoints>
+void run_serial_rank(const token_source_type& source, const token_source_type* held_out,
+                     const program_options& options, const quintet::execution<Device>& exec) {
+  using no_mesh = quintet::parallel::no_mesh;
+  if (options.dtype == "bf16") {
+    run_rank<quintet::bf16, quintet::serial_plan, no_mesh, Device, Checkpoints>(
+        source, held_out, options, exec, nullptr, true);
+  } else {
+    run_rank<float, quintet::serial_plan, no_mesh, Device, Checkpoints>(source, held_out, options,
+                                                                        exec, nullptr, true);
+  }
 }
 
 // One rank of a parallel run on `mesh`: the row of the options, in --dtype, on Device.
