@@ -40,9 +40,10 @@ namespace train_gpt {
 // instantiation rather than one per k; with --pp the same row with the pipeline last. ep
 // subdivides dp (--dp must be a multiple of --ep); under --tp every expert's hidden units are
 // split over tp as the dense MLP's are; under --pp the ep group is the dp ranks of one stage.
-// --sp and --sp-style are refused with experts. A MoE model without --ep runs in the pipeline
-// rows and in the rows without --sp-style, each rank holding every expert (under --tp, its
-// slice).
+// --sp-style megatron is refused with experts, and --ep with any sequence style (no such row is
+// built; the library composes them). A MoE model without --ep runs in the pipeline rows and in the
+// rows without --sp-style or with ulysses or ring (the sp group routing its tokens as one group),
+// each rank holding every expert (under --tp, its slice).
 template <class Plan>
 struct plan_type {
   using type = Plan;
@@ -71,7 +72,7 @@ void with_sequence_plan(const std::string& sp_style, Fn&& fn) {
 template <class Fn>
 void with_plan(const program_options& options, Fn&& fn) {
   namespace par = quintet::parallel;
-  // check_parallel_options has refused the combinations no row takes (experts with --sp).
+  // check_parallel_options has refused the combinations no row takes (--ep with --sp-style).
   if (options.ep > 1) {
     using data_parallel = par::dp<par::zero<par::runtime_stage>>;
     using tensor_parallel = par::tp<par::megatron_1d>;

@@ -5,7 +5,7 @@
 // tests prove: tensor and sequence parallelism (ring attention's block and merge kernels), data
 // parallelism with ZeRO (buckets, reduce-scatter, gather), pipeline schedules (contexts held across
 // micro-batches, the split backward of zero-bubble schedules) and experts (the all_to_all_v of
-// routed tokens).
+// routed tokens; the routing of an sp group's tokens as one group).
 #include <quintet/comm/staged_comm.hpp>
 #include <quintet/comm/thread_comm.hpp>
 #include <quintet/data/markov_source.hpp>
@@ -90,6 +90,13 @@ TEST_CASE("cuda: tensor parallelism with ring attention matches the serial GPT o
           "[device]") {
   using ring_tp = quintet::plan<par::tp<par::megatron_1d>, par::sp<par::ring>>;
   require_parity_on_cuda<ring_tp>(dense, training, {.tp = 2, .sp = 2}, "tp 2 x sp 2 (ring)");
+  // The same plan with experts: the sp group routes as one group (the router's logits gathered
+  // over sp on the device), the experts split over tp.
+  quintet::nn::gpt_config model = dense;
+  model.experts = 4;
+  model.top_k = 2;
+  model.capacity_factor = 1.0;
+  require_parity_on_cuda<ring_tp>(model, training, {.tp = 2, .sp = 2}, "tp 2 x sp 2 (ring), MoE");
 }
 
 TEST_CASE("cuda: data parallelism with ZeRO and pipeline schedules match the serial GPT",

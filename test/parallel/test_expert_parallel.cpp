@@ -553,7 +553,7 @@ TEST_CASE("an ep plan: its axes, its batch split, and which gradients it leaves 
   const auto expert = qp::placement::replicated().owned_by(mesh_axis::ep, 1);
   CHECK(plan::partial_gradient_axes(qp::placement::replicated()) == mesh_axis_set{mesh_axis::dp});
   CHECK(plan::partial_gradient_axes(expert) == mesh_axis_set{mesh_axis::edp});
-  // With sequence parallelism too the sp part is kept (not that nn::moe accepts sp yet).
+  // With sequence parallelism too the sp part is kept (test_moe_sequence_parallel.cpp trains it).
   using with_sp = quintet::plan<qp::dp<qp::zero<0>>, qp::ep<qp::top_k<2>>, qp::sp<qp::ulysses>>;
   CHECK(with_sp::partial_gradient_axes(expert) == mesh_axis_set{mesh_axis::sp, mesh_axis::edp});
   CHECK(with_sp::partial_gradient_axes(qp::placement::replicated()) ==

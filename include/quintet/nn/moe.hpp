@@ -26,6 +26,12 @@
 // replicated: every tp rank sees the same tokens and routes them alike, so nothing else
 // communicates over tp.
 //
+// Under a sequence style that splits the tokens over sp (ulysses, ring) each rank runs the experts
+// on its own rows, but the sp group routes as one group: the router gathers its logits over sp
+// and decides as the serial router over all of the group's tokens (capacity, drops, auxiliary
+// losses; router.hpp), so the statistics are the group's on every sp rank and every gradient is
+// partial over sp. forward is then collective over sp (a gather of E values a token).
+//
 // Under parallel::ep<top_k<K>> (docs/expert_parallel.md) each ep rank routes its own tokens (ep
 // subdivides dp) with its own capacity and auxiliary losses (Switch's per-device statistics), and
 // holds experts [rank E / ep, (rank + 1) E / ep) only: their parameters keep their global names and
@@ -50,14 +56,17 @@
 #include <quintet/parallel/placement.hpp>
 #include <quintet/parallel/plan.hpp>
 #include <quintet/parallel/projections.hpp>
+#include <quintet/parallel/sequence/sequence_tokens.hpp>
 #include <quintet/parallel/strategy.hpp>
 #include <quintet/tensor/copy.hpp>
 #include <quintet/tensor/reshape.hpp>
 #include <quintet/tensor/tensor.hpp>
 
 #include <cstdint>
+#include <map>
 #include <numeric>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -76,18 +85,18 @@ struct moe_options {
   std::int64_t groups = 1;         // routing groups per forward (1 under ep)
 };
 
-// A MoE layer routes whole activations: every tp rank sees all of its tokens. So under a mesh sp
-// must be 1 (tokens split over a sequence-parallel group are not built yet), and tp above 1 needs
-// the plan's tp<...> (which splits the experts) without Megatron-SP's sequence sharding on tp.
-// Nothing to check without a mesh.
+// Under a mesh: sp above 1 needs a sequence style that splits the tokens over sp (ulysses, ring:
+// the sp group then routes as one group, router.hpp), and tp above 1 needs the plan's tp<...>
+// (which splits the experts) without Megatron-SP's sequence sharding on tp, so that every tp rank
+// sees the same tokens. Nothing to check without a mesh.
 template <class Plan, class Mesh>
 void check_moe_mesh(const std::string& name, Mesh* mesh) {
   if constexpr (mesh_like<Mesh>) {
     if (mesh == nullptr) return;
     const mesh_degrees& d = mesh->degrees();
-    QUINTET_CHECK(d.sp == 1,
-                  "moe '{}': tokens split over sequence parallelism (sp = {}) are not built yet; "
-                  "a mixture-of-experts layer needs sp = 1",
+    QUINTET_CHECK(d.sp == 1 || parallel::splits_tokens_over_sp<Plan>,
+                  "moe '{}': sp = {} without a sequence style of the plan that splits the tokens "
+                  "over sp (sp<ulysses> or sp<ring>)",
                   name, d.sp);
     QUINTET_CHECK(d.tp == 1 || (parallel::uses_tensor_parallel<Plan> &&
                                 !parallel::shards_sequence_on_tp<Plan>),
@@ -102,15 +111,30 @@ void check_moe_mesh(const std::string& name, Mesh* mesh) {
   }
 }
 
+namespace detail {
+// Under a plan that splits the tokens over sp: the sp group's tokens in serial order, per sequence
+// length; otherwise nothing.
+template <class Plan, class Mesh, bool = parallel::splits_tokens_over_sp<Plan>>
+struct moe_sequence_tokens {
+  struct type {};
+};
+template <class Plan, class Mesh>
+struct moe_sequence_tokens<Plan, Mesh, true> {
+  using type = std::map<
+      std::int64_t,
+      parallel::sequence_tokens<std::remove_reference_t<decltype(std::declval<Mesh&>().sp())>>>;
+};
+}  // namespace detail
+
 template <class T, class Device, class Plan = serial_plan, class Mesh = parallel::no_mesh>
 class moe {
   static_assert(parallel::mesh_for<Mesh, Plan>,
                 "nn::moe<T, Device, Plan, Mesh>: a parallel plan needs a device mesh type "
                 "(Mesh = device_mesh<Comm>), not parallel::no_mesh");
-  // Tokens split over a sequence-parallel group are not built yet: a plan with sp<...> is accepted
-  // at degree 1 only (checked at construction), where every rank sees whole activations.
   static constexpr bool expert_parallel = parallel::uses_expert_parallel<Plan>;
   static constexpr bool tensor_parallel = parallel::uses_tensor_parallel<Plan>;
+  // Tokens split over sp (ulysses, ring): the router decides over the sp group's tokens together.
+  static constexpr bool sequence_parallel = parallel::splits_tokens_over_sp<Plan>;
   using exchange_type = typename parallel::expert_exchange_for<Plan, Mesh>::type;
 
  public:
@@ -139,6 +163,10 @@ class moe {
                   "moe '{}': {} routing groups under expert parallelism; each ep rank routes its "
                   "own tokens as one group",
                   name_, options.groups);
+    QUINTET_CHECK(sp_ranks() == 1 || options.groups == 1,
+                  "moe '{}': {} routing groups with the tokens split over sp = {}; the sp group's "
+                  "tokens route as one group",
+                  name_, options.groups, sp_ranks());
     const parallel::expert_ownership own = ownership();
     // This rank's experts, under their global names and shapes; under ep owned by this ep rank,
     // under tp its slice of the hidden units (fc rows, proj columns; proj's bias whole).
@@ -168,7 +196,19 @@ class moe {
                   d_model_);
     const std::int64_t tokens = x.numel() / d_model_;
     const auto rows = reshape(x, shape{tokens, d_model_});
-    last_ = router_.forward(ctx, rows);
+    if constexpr (sequence_parallel) {
+      if (sp_ranks() > 1) {
+        QUINTET_CHECK(x.rank() == 3,
+                      "moe '{}': under sequence parallelism the input is (batch, this rank's "
+                      "positions, d), got {}",
+                      name_, x.shape());
+        last_ = router_.forward(ctx, rows, routing_tokens(x.shape()[1]));
+      } else {
+        last_ = router_.forward(ctx, rows);
+      }
+    } else {
+      last_ = router_.forward(ctx, rows);
+    }
     const auto& position = ctx.template get<std::int32_t>(router_.name() + ".position");
     if constexpr (expert_parallel) {
       const std::vector<std::int64_t> received =
@@ -274,7 +314,7 @@ class moe {
     const auto dx_rows = reshape(dx, shape{tokens, d_model_});
     kernels::unpermute_rows(exec_, ddispatched, position, dx_rows);  // the experts' part
     const quintet::tensor<T, Device> dx_router =
-        router_.backward_input(ctx, dgate.view(), aux_loss_scale);  // (tokens, d)
+        router_.backward_input(ctx, dgate.view(), aux_loss_scale, sp_ranks());  // (tokens, d)
     kernels::add(exec_, dx_rows, dx_router, dx_rows);
     return dx;
   }
@@ -340,6 +380,27 @@ class moe {
                                         const parallel::placement& where) {
     return registry.add(name + ".bias", shape{out}, initializer::constant(0.0), where,
                         weight_decay::exempt);
+  }
+
+  // The sp group's tokens for sequences of which this rank holds `rows` positions (the sequence
+  // style's layout), built at the first forward of each length; building is collective over sp,
+  // so every sp rank must see the same lengths in the same order (the trainer's batches do).
+  auto& routing_tokens(std::int64_t rows) requires sequence_parallel {
+    const std::int64_t seq = rows * sp_ranks();
+    auto found = tokens_.find(seq);
+    if (found == tokens_.end())
+      found = tokens_
+                  .try_emplace(seq, mesh_->sp(),
+                               parallel::sequence_of<Plan>::activation_layout(mesh_, seq), seq)
+                  .first;
+    return found->second;
+  }
+  // The ranks whose tokens route together: sp under a plan that splits them, else 1.
+  std::int64_t sp_ranks() const {
+    if constexpr (sequence_parallel)
+      return mesh_ == nullptr ? 1 : mesh_->degrees().sp;
+    else
+      return 1;
   }
 
   // The hidden units of each expert this rank holds: hidden / tp (hidden without tp).
@@ -419,7 +480,8 @@ class moe {
   std::int64_t d_model_;
   std::int64_t experts_;
   [[no_unique_address]] exchange_type exchange_;  // under ep: the ep group's exchange
-  Mesh* mesh_;                                    // under tp: the experts' partials summed there
+  Mesh* mesh_;  // under tp: the experts' partials summed there; under sp: the routing group
+  [[no_unique_address]] typename detail::moe_sequence_tokens<Plan, Mesh>::type tokens_;
   std::int64_t hidden_here_;                      // hidden units of each expert on this rank
   router<T, Device> router_;
   // Per expert: fc (hidden, d), (hidden); proj (d, hidden), (d) (under tp: hidden / tp of each).

@@ -10,6 +10,10 @@
 // expert, then group 1's, ...: what G separate calls would route, in one call. A serial model with
 // G = dp routes a micro-batch exactly as dp ranks routing their rows each do (train/parity.hpp).
 //
+// Tokens split over a sequence-parallel group (forward with parallel::sequence_tokens): the group
+// routes as one group of the serial router, from its logits gathered in serial order; each rank
+// keeps its own rows' decisions, positions into its own permuted buffer, and its own kept counts.
+//
 // What one forward decides is kept in the context, on the layer's device (read by the MoE layer).
 // The host gets copies of the counts (each group's kept ones fix where the next group's rows
 // start) and, where a capacity can drop assignments, of the positions, for the statistics:
@@ -24,6 +28,7 @@
 #include <quintet/nn/context.hpp>
 #include <quintet/nn/linear.hpp>
 #include <quintet/nn/parameter.hpp>
+#include <quintet/parallel/sequence/sequence_tokens.hpp>
 #include <quintet/tensor/copy.hpp>
 #include <quintet/tensor/device.hpp>
 #include <quintet/tensor/reshape.hpp>
@@ -147,15 +152,131 @@ class router {
   // x (tokens, d): routes every token (group by group), keeps the decisions in the context,
   // returns the load and the auxiliary losses.
   routing_statistics forward(context<Device>& ctx, tensor_view<const T, Device> x) {
+    check_input(x);
+    return route(ctx, linear_.forward(ctx, x).view());
+  }
+
+  // Tokens split over a sequence-parallel group: x holds this rank's rows of the group's tokens
+  // (`tokens`), and the group routes as one routing group — the serial router over all of its
+  // tokens: one capacity, the same drops, the group's auxiliary losses. The logits are gathered
+  // (a few values per token), every rank routes the whole group alike, then keeps its own share:
+  // probabilities, choices and gates of its rows, positions renumbered into its own permuted
+  // buffer (expert-major, serial token order within an expert), `kept` its own rows per expert.
+  // `routed` stays the group's (backward's f_e). The statistics are the group's, the same on
+  // every rank. Collective over the group; backward_input then takes group_ranks = its ranks.
+  template <class Comm>
+  routing_statistics forward(context<Device>& ctx, tensor_view<const T, Device> x,
+                             parallel::sequence_tokens<Comm>& tokens) {
+    check_input(x);
+    QUINTET_CHECK(options_.groups == 1,
+                  "router '{}': {} routing groups, and the tokens split over sequence "
+                  "parallelism: the sp group's tokens route as one group",
+                  name_, options_.groups);
+    const std::int64_t local = x.shape()[0], k = options_.top_k;
+    const std::int64_t batch = local / tokens.local_rows();
+    const quintet::tensor<T, Device> logits = linear_.forward(ctx, x);  // (local, E)
+    context<Device> whole;
+    const routing_statistics stats = route(whole, tokens.gather(logits.view()).view());
+
+    const auto share = [&](const std::string& entry, std::int64_t width, auto element) {
+      using E = decltype(element);
+      const auto& all = whole.template get<E>(name_ + entry);
+      auto& mine = ctx.template save<E>(name_ + entry, all.shape().with_extent(0, local));
+      copy(mine, reshape(tokens.local(reshape(all, shape{all.shape()[0], width})), mine.shape()));
+    };
+    share(".probs", options_.experts, T{});
+    share(".lse", 1, T{});
+    share(".expert", k, std::int32_t{});
+    share(".gate", k, T{});
+    auto& routed = ctx.template save<std::int64_t>(name_ + ".routed", shape{1, options_.experts});
+    copy(routed, whole.template get<std::int64_t>(name_ + ".routed"));
+
+    // This rank's kept assignments in the whole buffer's order, numbered from 0.
+    const auto all_position = values_on_host(whole.template get<std::int32_t>(name_ + ".position"));
+    const auto all_expert = values_on_host(whole.template get<std::int32_t>(name_ + ".expert"));
+    const std::vector<std::int64_t> serial = tokens.serial_rows(batch);
+    std::vector<std::pair<std::int32_t, std::int64_t>> kept_here;  // (row in the whole, slot here)
+    for (std::int64_t t = 0; t < local; ++t)
+      for (std::int64_t j = 0; j < k; ++j)
+        if (const std::int32_t row = all_position[serial[t] * k + j]; row >= 0)
+          kept_here.emplace_back(row, t * k + j);
+    std::sort(kept_here.begin(), kept_here.end());
+    std::vector<std::int32_t> position(static_cast<std::size_t>(local * k), -1);
+    std::vector<std::int64_t> kept(static_cast<std::size_t>(options_.experts), 0);
+    for (std::size_t i = 0; i < kept_here.size(); ++i) {
+      const std::int64_t slot = kept_here[i].second;
+      position[slot] = static_cast<std::int32_t>(i);
+      ++kept[all_expert[serial[slot / k] * k + slot % k]];
+    }
+    copy(ctx.template save<std::int32_t>(name_ + ".position", shape{local, k}),
+         tensor_view<const std::int32_t, host>(position.data(), shape{local, k}));
+    copy(ctx.template save<std::int64_t>(name_ + ".kept", shape{1, options_.experts}),
+         tensor_view<const std::int64_t, host>(kept.data(), shape{1, options_.experts}));
+    return stats;
+  }
+
+  // dgate (tokens, k), the gradient of the gates (0 where dropped) -> dx (tokens, d). The
+  // auxiliary losses enter with weight loss_scale x their coefficients (f_e held constant; each
+  // group's losses divided by the groups: their mean). Keeps dlogits for backward_weight.
+  // group_ranks: the ranks whose tokens this forward routed as one group (sequence_tokens), each
+  // holding as many. The losses are means over the group's tokens, so the kernel, which averages
+  // over the tokens it is given (1 / group_ranks of them) with the group's f_e, takes the
+  // load-balancing weight over group_ranks^2 (f_e / T and 1 / T each read the local count) and
+  // the z weight over group_ranks.
+  quintet::tensor<T, Device> backward_input(context<Device>& ctx,
+                                            tensor_view<const T, Device> dgate,
+                                            double loss_scale = 1.0, std::int64_t group_ranks = 1) {
+    const auto& probs = ctx.template get<T>(name_ + ".probs");
+    const auto& lse = ctx.template get<T>(name_ + ".lse");
+    const auto& expert = ctx.template get<std::int32_t>(name_ + ".expert");
+    const auto& gate = ctx.template get<T>(name_ + ".gate");
+    const auto& routed = ctx.template get<std::int64_t>(name_ + ".routed");
+    const std::int64_t tokens = probs.shape()[0], experts = probs.shape()[1];
+    const std::int64_t groups = routed.shape()[0], group_tokens = tokens / groups;
+    const auto per_group = static_cast<double>(groups);
+    QUINTET_CHECK(group_ranks >= 1 && (group_ranks == 1 || groups == 1),
+                  "router '{}': backward over a group of {} ranks of {} routing groups", name_,
+                  group_ranks, groups);
+    const auto ranks = static_cast<double>(group_ranks);
+    const double balance_weight = loss_scale * options_.load_balancing_coef / per_group;
+    const double z_weight = loss_scale * options_.z_loss_coef / per_group;
+    quintet::tensor<T, Device> dlogits(probs.shape());  // (tokens, E)
+    for (std::int64_t g = 0; g < groups; ++g) {
+      const std::int64_t first = g * group_tokens, last = first + group_tokens;
+      kernels::router_backward(
+          exec_, slice(probs, 0, first, last), slice(lse, 0, first, last),
+          slice(expert, 0, first, last), slice(gate, 0, first, last), slice(dgate, 0, first, last),
+          reshape(slice(routed, 0, g, g + 1), shape{experts}),
+          group_ranks == 1 ? balance_weight : balance_weight / (ranks * ranks),
+          group_ranks == 1 ? z_weight : z_weight / ranks, slice(dlogits, 0, first, last));
+    }
+    return linear_.backward_input(ctx, dlogits.view());
+  }
+  void backward_weight(context<Device>& ctx) { linear_.backward_weight(ctx); }
+
+  // The capacity per expert for a batch of `tokens` (0: no limit).
+  std::int64_t capacity(std::int64_t tokens) const {
+    return expert_capacity(options_.capacity_factor, tokens, options_.top_k, options_.experts);
+  }
+
+  const router_options& options() const { return options_; }
+  const std::string& name() const { return name_; }
+  parameter<T, Device>& weight() { return linear_.weight(); }
+
+ private:
+  void check_input(tensor_view<const T, Device> x) const {
     QUINTET_CHECK(x.rank() == 2, "router '{}': x has shape {}; (tokens, d_model) is needed", name_,
                   x.shape());
-    const std::int64_t tokens = x.shape()[0], experts = options_.experts, k = options_.top_k;
+  }
+
+  // Routes the tokens of `logits` (tokens, E) group by group into ctx (the entries above).
+  routing_statistics route(context<Device>& ctx, tensor_view<const T, Device> logits) {
+    const std::int64_t tokens = logits.shape()[0], experts = options_.experts, k = options_.top_k;
     const std::int64_t groups = options_.groups;
     QUINTET_CHECK(tokens % groups == 0,
                   "router '{}': {} tokens do not split into {} equal routing groups", name_, tokens,
                   groups);
     const std::int64_t group_tokens = tokens / groups;
-    const quintet::tensor<T, Device> logits = linear_.forward(ctx, x);  // (tokens, E)
     auto& probs = ctx.template save<T>(name_ + ".probs", shape{tokens, experts});
     auto& lse = ctx.template save<T>(name_ + ".lse", shape{tokens});
     kernels::router_softmax(exec_, logits, probs, lse);
@@ -215,44 +336,6 @@ class router {
     return stats;
   }
 
-  // dgate (tokens, k), the gradient of the gates (0 where dropped) -> dx (tokens, d). The
-  // auxiliary losses enter with weight loss_scale x their coefficients (f_e held constant; each
-  // group's losses divided by the groups: their mean). Keeps dlogits for backward_weight.
-  quintet::tensor<T, Device> backward_input(context<Device>& ctx,
-                                            tensor_view<const T, Device> dgate,
-                                            double loss_scale = 1.0) {
-    const auto& probs = ctx.template get<T>(name_ + ".probs");
-    const auto& lse = ctx.template get<T>(name_ + ".lse");
-    const auto& expert = ctx.template get<std::int32_t>(name_ + ".expert");
-    const auto& gate = ctx.template get<T>(name_ + ".gate");
-    const auto& routed = ctx.template get<std::int64_t>(name_ + ".routed");
-    const std::int64_t tokens = probs.shape()[0], experts = probs.shape()[1];
-    const std::int64_t groups = routed.shape()[0], group_tokens = tokens / groups;
-    const auto per_group = static_cast<double>(groups);
-    quintet::tensor<T, Device> dlogits(probs.shape());  // (tokens, E)
-    for (std::int64_t g = 0; g < groups; ++g) {
-      const std::int64_t first = g * group_tokens, last = first + group_tokens;
-      kernels::router_backward(
-          exec_, slice(probs, 0, first, last), slice(lse, 0, first, last),
-          slice(expert, 0, first, last), slice(gate, 0, first, last), slice(dgate, 0, first, last),
-          reshape(slice(routed, 0, g, g + 1), shape{experts}),
-          loss_scale * options_.load_balancing_coef / per_group,
-          loss_scale * options_.z_loss_coef / per_group, slice(dlogits, 0, first, last));
-    }
-    return linear_.backward_input(ctx, dlogits.view());
-  }
-  void backward_weight(context<Device>& ctx) { linear_.backward_weight(ctx); }
-
-  // The capacity per expert for a batch of `tokens` (0: no limit).
-  std::int64_t capacity(std::int64_t tokens) const {
-    return expert_capacity(options_.capacity_factor, tokens, options_.top_k, options_.experts);
-  }
-
-  const router_options& options() const { return options_; }
-  const std::string& name() const { return name_; }
-  parameter<T, Device>& weight() { return linear_.weight(); }
-
- private:
   static const router_options& checked(const std::string& name, const router_options& options) {
     QUINTET_CHECK(options.experts >= 1, "router '{}': {} experts; at least 1 is needed", name,
                   options.experts);

@@ -55,10 +55,11 @@ struct block_options {
 
 template <class T, class Device, class Plan = serial_plan, class Mesh = parallel::no_mesh>
 class transformer_block {
-  // Without ep or tp a MoE layer runs alone on every rank whatever the plan (it needs sp = 1): the
-  // serial layer, one instantiation for every such plan.
-  static constexpr bool parallel_moe =
-      parallel::uses_expert_parallel<Plan> || parallel::uses_tensor_parallel<Plan>;
+  // Without ep, tp or tokens split over sp a MoE layer runs alone on every rank whatever the plan:
+  // the serial layer, one instantiation for every such plan.
+  static constexpr bool parallel_moe = parallel::uses_expert_parallel<Plan> ||
+                                       parallel::uses_tensor_parallel<Plan> ||
+                                       parallel::splits_tokens_over_sp<Plan>;
   using moe_type = std::conditional_t<parallel_moe, moe<T, Device, Plan, Mesh>, moe<T, Device>>;
 
  public:

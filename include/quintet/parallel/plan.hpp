@@ -193,6 +193,11 @@ using sequence_of =
 template <class Plan>
 inline constexpr bool shards_sequence_on_tp = sequence_of<Plan>::shards_activations_on_tp;
 
+// ulysses, ring: each sp rank holds its own positions of the sequence outside attention, so a
+// layer that decides over all of a micro-batch's tokens (a MoE router) must gather them.
+template <class Plan>
+inline constexpr bool splits_tokens_over_sp = sequence_of<Plan>::splits_tokens_over_sp;
+
 // The one place a model checks its mesh: present when the plan is parallel, degrees the plan can
 // use, dimensions that divide over them.
 template <class Plan, class Mesh>

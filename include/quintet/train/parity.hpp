@@ -21,7 +21,9 @@
 // serial_model_for). The groups are then the ranks' row blocks — with M micro-batches both runs
 // cut the global batch into the same dp x M consecutive blocks — so both make the same routing
 // decisions (capacity and drops included) and optimise the same objective (each block's auxiliary
-// losses weighted 1 / (dp x M)). Expert parameters are held by one ep rank each (and its edp
+// losses weighted 1 / (dp x M)). The sp ranks of a dp rank (ulysses, ring) route their rows of
+// it as one group (nn::router over parallel::sequence_tokens), so sp adds no routing groups.
+// Expert parameters are held by one ep rank each (and its edp
 // replicas): each rank's shards are compared, and the ranks together must cover every expert.
 //
 // The pieces are public so other launchers reuse them: parity_rank runs one rank (over any

@@ -26,6 +26,7 @@ struct strategy_traits<ring> : style_traits_defaults, whole_sequence {
   static constexpr strategy kind = strategy::sequence;
   static constexpr std::string_view name = "ring";
   static constexpr mesh_axis_set axes{mesh_axis::sp};
+  static constexpr bool splits_tokens_over_sp = true;
 
   static constexpr mesh_axis_set partial_gradient_axes(const placement&) { return {mesh_axis::sp}; }
 

@@ -5,6 +5,8 @@
 //   shards_activations_on_tp   the activations between the linears hold the tp group's sequence
 //                              block (megatron_sp), so the vocabulary ends scatter and gather;
 //                              linear_sequence: the style the tensor-parallel linears then take
+//   splits_tokens_over_sp      each sp rank's activations hold its own positions (ulysses, ring),
+//                              so a layer deciding over all tokens (a MoE router) gathers them
 //   input_layout(mesh, seq)    the rows of tokens and targets this rank embeds and scores
 //   activation_layout(...)     the rows the activations between blocks hold
 //   to_attention / from_attention   what attention does to q, k, v around its kernel (Ulysses
@@ -29,6 +31,7 @@ namespace quintet::parallel {
 
 struct whole_sequence {
   static constexpr bool shards_activations_on_tp = false;
+  static constexpr bool splits_tokens_over_sp = false;
   // The sequence style the tensor-parallel linears take part in (column_linear, row_linear).
   using linear_sequence = none;
   // Attention's output is the output projection's input as it stands (no exchange after it), so
