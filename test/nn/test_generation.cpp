@@ -13,6 +13,8 @@
 #include <quintet/nn/gpt.hpp>
 #include <quintet/nn/gpt_decoder.hpp>
 #include <quintet/nn/kv_cache.hpp>
+#include <quintet/parallel/data/zero.hpp>
+#include <quintet/parallel/expert/top_k.hpp>
 #include <quintet/parallel/plan.hpp>
 #include <quintet/train/trainer.hpp>
 
@@ -22,6 +24,7 @@
 #include <map>
 #include <set>
 #include <span>
+#include <string>
 #include <vector>
 
 using quintet::host;
@@ -170,18 +173,19 @@ const nn::gpt_config parallel_model{
 const std::vector<std::int32_t> parallel_prompt{2, 7, 1, 8};
 
 template <class T>
-std::vector<std::int32_t> serial_tokens(std::int64_t count, const nn::sampling_options& options) {
+std::vector<std::int32_t> serial_tokens(std::int64_t count, const nn::sampling_options& options,
+                                        const nn::gpt_config& config = parallel_model) {
   nn::parameter_registry<T, host> registry(21);
-  nn::gpt<T, host> model(registry, exec, parallel_model);
-  nn::gpt_decoder<T, host> decoder(registry, exec, parallel_model);
+  nn::gpt<T, host> model(registry, exec, config);
+  nn::gpt_decoder<T, host> decoder(registry, exec, config);
   return nn::generate(decoder, parallel_prompt, count, options);
 }
 
 // Every rank's tokens, cached and recomputed, under `Plan` over a mesh of `degrees`.
 template <class T, class Plan>
-std::vector<std::vector<std::int32_t>> parallel_tokens(quintet::mesh_degrees degrees,
-                                                       std::int64_t count,
-                                                       const nn::sampling_options& options) {
+std::vector<std::vector<std::int32_t>> parallel_tokens(
+    quintet::mesh_degrees degrees, std::int64_t count, const nn::sampling_options& options,
+    const nn::gpt_config& config = parallel_model) {
   const int world_size = degrees.tp * degrees.sp;
   std::vector<std::vector<std::int32_t>> out(2 * world_size);
   std::vector<std::int64_t> heads(world_size);
@@ -189,15 +193,15 @@ std::vector<std::vector<std::int32_t>> parallel_tokens(quintet::mesh_degrees deg
     const quintet::execution<host> rank_exec(1);
     mesh_type mesh(world, degrees);
     nn::parameter_registry<T, host> registry(21, mesh, Plan{});
-    nn::gpt<T, host, Plan, mesh_type> model(registry, rank_exec, parallel_model, &mesh);
+    nn::gpt<T, host, Plan, mesh_type> model(registry, rank_exec, config, &mesh);
     registry.flatten();
-    nn::gpt_decoder<T, host, Plan, mesh_type> decoder(registry, rank_exec, parallel_model, &mesh);
+    nn::gpt_decoder<T, host, Plan, mesh_type> decoder(registry, rank_exec, config, &mesh);
     heads[world.rank()] = decoder.local_heads();
     out[2 * world.rank()] = nn::generate(decoder, parallel_prompt, count, options);
     out[2 * world.rank() + 1] =
         nn::generate(decoder, parallel_prompt, count, options, nn::generation_mode::recompute);
   });
-  for (const auto h : heads) REQUIRE(h == parallel_model.heads / degrees.tp);
+  for (const auto h : heads) REQUIRE(h == config.heads / degrees.tp);
   return out;
 }
 
@@ -229,6 +233,73 @@ TEST_CASE("generation under tensor and sequence parallel plans: every rank draws
     for (const auto& tokens : parallel_tokens<double, tensor_plan>({.tp = 2}, 30, sampled))
       CHECK(tokens == serial);
   }
+}
+
+TEST_CASE("a MoE model's decoder computes its dropless forward, serially and under tp",
+          "[nn][generation][moe]") {
+  // 4 experts, top-2, in every other block (block 1), routed dropless.
+  nn::gpt_config config = small_model;
+  config.experts = 4;
+  config.top_k = 2;
+  config.moe_every = 2;
+  config.capacity_factor = 0.0;
+  nn::parameter_registry<double, host> registry(9);
+  nn::gpt<double, host> model(registry, exec, config);
+  randomize_biases(registry);
+  nn::gpt_decoder<double, host> decoder(registry, exec, config);
+  const auto tokens = ids(shape{3, 9}, 1, config.vocab);
+  const auto targets = ids(shape{3, 9}, 2, config.vocab);
+  nn::context<host> ctx;
+  const auto expected = model.forward(ctx, tokens.view(), targets.view());
+  const auto whole = decoder.logits(tokens.view());
+  quintet::tensor<double, host> lse(shape{3, 9});
+  const auto got = quintet::kernels::cross_entropy_forward(exec, whole, targets, lse);
+  CHECK(got.count == expected.count);
+  CHECK(got.loss_sum == Approx(expected.loss_sum).epsilon(1e-12));
+  // The cache: a chunk routes its own tokens, every token alone, and still the same logits.
+  auto cache = decoder.make_cache(3);
+  for (const auto& [begin, end] : {std::pair{0, 4}, std::pair{4, 5}, std::pair{5, 9}}) {
+    INFO("positions [" << begin << ", " << end << ")");
+    quintet::tensor<std::int32_t, host> chunk(shape{3, end - begin});
+    quintet::copy(chunk, quintet::slice(tokens, 1, begin, end));
+    const auto logits = decoder.forward(cache, chunk.view());
+    quintet::tensor<double, host> expected_logits(logits.shape());
+    quintet::copy(expected_logits, quintet::slice(whole, 1, begin, end));
+    CHECK(max_difference(logits, expected_logits) < 1e-12);
+  }
+  // Greedy generation, cached and recomputed, serially and on every rank of tp 2 (the experts'
+  // hidden units split over tp).
+  const nn::sampling_options greedy{.temperature = 0.0};
+  nn::gpt_config moe_parallel = parallel_model;
+  moe_parallel.experts = 4;
+  moe_parallel.top_k = 2;
+  moe_parallel.moe_every = 1;
+  moe_parallel.capacity_factor = 0.0;
+  const auto serial = serial_tokens<double>(30, greedy, moe_parallel);
+  CHECK(std::set<std::int32_t>(serial.begin(), serial.end()).size() > 2);
+  for (const auto& tokens_drawn :
+       parallel_tokens<double, tensor_plan>({.tp = 2}, 30, greedy, moe_parallel))
+    CHECK(tokens_drawn == serial);
+}
+
+TEST_CASE("a decoder refuses experts split over ep", "[nn][generation][moe]") {
+  using ep_plan = quintet::plan<par::dp<par::zero<0>>, par::ep<par::top_k<2>>>;
+  nn::gpt_config config = parallel_model;
+  config.experts = 4;
+  config.top_k = 2;
+  std::vector<std::string> errors(2);
+  quintet::thread_world{2}.run([&](quintet::thread_comm& world) {
+    mesh_type mesh(world, {.dp = 2, .ep = 2});
+    nn::parameter_registry<float, host> registry(21, mesh, ep_plan{});
+    nn::gpt<float, host, ep_plan, mesh_type> model(registry, exec, config, &mesh);
+    try {
+      nn::gpt_decoder<float, host, ep_plan, mesh_type> decoder(registry, exec, config, &mesh);
+    } catch (const quintet::error& e) {
+      errors[static_cast<std::size_t>(world.rank())] = e.what();
+    }
+  });
+  for (const auto& message : errors)
+    CHECK_THAT(message, Catch::Contains("the model's 4 experts are split over ep"));
 }
 
 TEST_CASE("a decoder refuses a registry of another plan", "[nn][generation]") {

@@ -281,8 +281,8 @@ TEST_CASE("MoE GPT configurations are checked, naming the value", "[nn][moe][gpt
   CHECK_NOTHROW(config.validate());
   quintet::nn::parameter_registry<float, host> registry(1);
   quintet::nn::gpt<float, host> model(registry, exec, config);
-  CHECK_THROWS_WITH((quintet::nn::gpt_decoder<float, host>(registry, exec, config)),
-                    Catch::Contains("the decoder runs dense MLP blocks only"));
+  // The decoder finds every MoE block's router and experts (test_generation.cpp runs them).
+  CHECK_NOTHROW(quintet::nn::gpt_decoder<float, host>(registry, exec, config));
   // Routing groups must divide a call's tokens.
   config.routing_groups = 3;
   quintet::nn::parameter_registry<float, host> grouped_registry(1);

@@ -17,7 +17,13 @@
 //                        sp) parameters, with tp's communication only. The sp ranks compute the
 //                        same values, redundantly.
 //   pipeline stages      not supported (a stage holds only some blocks): refused at compile time.
-//   mixture of experts   not supported yet (gpt_config::experts > 0): refused at construction.
+//   mixture of experts   a MoE block routes the new tokens to their top k experts dropless (no
+//                        capacity: generation keeps every assignment) and sums their gated
+//                        outputs, as nn::moe; under tp each expert's hidden units stay split and
+//                        its partial output is all-reduced over tp. So the decoder computes the
+//                        model's forward wherever that forward drops nothing (always for a model
+//                        trained dropless, capacity factor 0). Experts split over ep (a rank
+//                        holds only its own) are refused at construction.
 //
 //   forward(cache, tokens (batch, n))  positions [cache.length(), cache.length() + n)
 //     -> logits (batch, n, vocab), the same on every rank; cache.length() grows by n
@@ -31,9 +37,11 @@
 #include <quintet/kernels/execution.hpp>
 #include <quintet/kernels/layer_norm.hpp>
 #include <quintet/kernels/matmul.hpp>
+#include <quintet/kernels/moe.hpp>
 #include <quintet/nn/gpt_stage.hpp>
 #include <quintet/nn/kv_cache.hpp>
 #include <quintet/nn/parameter.hpp>
+#include <quintet/parallel/expert/expert_exchange.hpp>
 #include <quintet/parallel/mappings.hpp>
 #include <quintet/parallel/no_mesh.hpp>
 #include <quintet/parallel/plan.hpp>
@@ -48,6 +56,7 @@
 #include <cstdint>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace quintet::nn {
@@ -87,10 +96,11 @@ class gpt_decoder {
   gpt_decoder(parameter_registry<T, Device>& registry, const execution<Device>& exec,
               const gpt_config& config, Mesh* mesh = nullptr)
       : exec_(exec), config_((config.validate(), config)), mesh_(required(mesh)) {
-    QUINTET_CHECK(config.experts == 0,
-                  "gpt_decoder: the model has mixture-of-experts blocks ({} experts); the decoder "
-                  "runs dense MLP blocks only (MoE generation is not built yet)",
-                  config.experts);
+    QUINTET_CHECK(config.experts == 0 || !parallel::uses_expert_parallel<Plan>,
+                  "gpt_decoder: the model's {} experts are split over ep under {}, so a rank "
+                  "holds only its own; generation needs every expert on every rank (the "
+                  "all-to-all dispatch is not built into the decoder)",
+                  config.experts, Plan::name());
     const int tp = tp_size(mesh_);
     QUINTET_CHECK(config.heads % tp == 0, "gpt_decoder: {} heads do not divide over tp = {}",
                   config.heads, tp);
@@ -101,12 +111,23 @@ class gpt_decoder {
     position_table_ = &registry.find("embedding.position_weight");
     for (std::int64_t l = 0; l < config.layers; ++l) {
       const std::string b = "blocks." + std::to_string(l);
-      blocks_.push_back({.ln1 = norm(registry, b + ".ln1"),
-                         .qkv = affine(registry, b + ".attn.qkv"),
-                         .attention_proj = affine(registry, b + ".attn.proj"),
-                         .ln2 = norm(registry, b + ".ln2"),
-                         .fc = affine(registry, b + ".mlp.fc"),
-                         .mlp_proj = affine(registry, b + ".mlp.proj")});
+      block_parameters block;
+      block.ln1 = norm(registry, b + ".ln1");
+      block.qkv = affine(registry, b + ".attn.qkv");
+      block.attention_proj = affine(registry, b + ".attn.proj");
+      block.ln2 = norm(registry, b + ".ln2");
+      if (config.is_moe_block(l)) {
+        block.router = &registry.find(b + ".moe.router.weight");
+        for (std::int64_t e = 0; e < config.experts; ++e) {
+          const std::string expert = b + ".moe.experts." + std::to_string(e);
+          block.expert_fc.push_back(affine(registry, expert + ".fc"));
+          block.expert_proj.push_back(affine(registry, expert + ".proj"));
+        }
+      } else {
+        block.fc = affine(registry, b + ".mlp.fc");
+        block.mlp_proj = affine(registry, b + ".mlp.proj");
+      }
+      blocks_.push_back(std::move(block));
     }
     final_norm_ = norm(registry, "final_norm");
     head_ = config.tie_weights ? token_table_ : &registry.find("lm_head.weight");
@@ -169,12 +190,14 @@ class gpt_decoder {
     parameter<T, Device>* bias;
   };
   struct block_parameters {
-    norm_parameters ln1;
-    affine_parameters qkv;  // column-parallel: (3, d / tp, d), q k v of this rank's heads
-    affine_parameters attention_proj;  // row-parallel: (d, d / tp), bias replicated
-    norm_parameters ln2;
-    affine_parameters fc;        // column-parallel: (hidden / tp, d)
-    affine_parameters mlp_proj;  // row-parallel: (d, hidden / tp)
+    norm_parameters ln1{};
+    affine_parameters qkv{};  // column-parallel: (3, d / tp, d), q k v of this rank's heads
+    affine_parameters attention_proj{};  // row-parallel: (d, d / tp), bias replicated
+    norm_parameters ln2{};
+    affine_parameters fc{};                  // dense: column-parallel (hidden / tp, d)
+    affine_parameters mlp_proj{};            // dense: row-parallel (d, hidden / tp)
+    parameter<T, Device>* router = nullptr;  // MoE: (experts, d), replicated
+    std::vector<affine_parameters> expert_fc, expert_proj;  // MoE: per expert, as fc, mlp_proj
   };
 
   static norm_parameters norm(parameter_registry<T, Device>& registry, const std::string& name) {
@@ -224,8 +247,16 @@ class gpt_decoder {
     for (const auto& b : blocks_) {
       require(b.qkv.weight, shape{3, width_, d});
       require(b.attention_proj.weight, shape{d, width_});
-      require(b.fc.weight, shape{hidden / tp_size(mesh_), d});
-      require(b.mlp_proj.weight, shape{d, hidden / tp_size(mesh_)});
+      if (b.router == nullptr) {
+        require(b.fc.weight, shape{hidden / tp_size(mesh_), d});
+        require(b.mlp_proj.weight, shape{d, hidden / tp_size(mesh_)});
+        continue;
+      }
+      require(b.router, shape{config_.experts, d});
+      for (std::size_t e = 0; e < b.expert_fc.size(); ++e) {
+        require(b.expert_fc[e].weight, shape{hidden / tp_size(mesh_), d});
+        require(b.expert_proj[e].weight, shape{d, hidden / tp_size(mesh_)});
+      }
     }
   }
 
@@ -308,11 +339,57 @@ class gpt_decoder {
     }
     quintet::tensor<T, Device> h = row(out, p.attention_proj);
     kernels::add(exec_, h, x, h);  // the residual, in the block's order
-    quintet::tensor<T, Device> a = column(layer_norm(p.ln2, h), p.fc);  // (batch, n, hidden / tp)
+    quintet::tensor<T, Device> y =
+        p.router != nullptr ? mixture(p, layer_norm(p.ln2, h)) : mlp(p, layer_norm(p.ln2, h));
+    kernels::add(exec_, y, h, y);
+    return y;
+  }
+
+  // The dense feed-forward: proj(gelu(fc(x))), fc column- and proj row-parallel.
+  quintet::tensor<T, Device> mlp(const block_parameters& p, const quintet::tensor<T, Device>& x) {
+    quintet::tensor<T, Device> a = column(x, p.fc);  // (batch, n, hidden / tp)
     quintet::tensor<T, Device> g(a.shape());
     kernels::gelu_forward(exec_, a, g);
-    quintet::tensor<T, Device> y = row(g, p.mlp_proj);
-    kernels::add(exec_, y, h, y);
+    return row(g, p.mlp_proj);
+  }
+
+  // A MoE feed-forward on the new rows x (batch, n, d), as nn::moe's forward without a capacity:
+  // the router's top k experts of each token, the rows grouped by expert, each expert's
+  // proj(gelu(fc(.))) (under tp its partial output summed over tp before the proj bias), and each
+  // token's gated sum of its experts' outputs.
+  quintet::tensor<T, Device> mixture(const block_parameters& p,
+                                     const quintet::tensor<T, Device>& x) {
+    const std::int64_t d = config_.d_model, tokens = x.numel() / d, k = config_.top_k;
+    const auto rows = reshape(x, shape{tokens, d});
+    quintet::tensor<T, Device> logits(shape{tokens, config_.experts});
+    kernels::matmul(exec_, rows, p.router->value, logits, {.transpose_b = true});
+    quintet::tensor<T, Device> probs(logits.shape()), lse(shape{tokens}), gate(shape{tokens, k});
+    kernels::router_softmax(exec_, logits, probs, lse);
+    quintet::tensor<std::int32_t, Device> expert(shape{tokens, k}), position(shape{tokens, k});
+    quintet::tensor<std::int64_t, Device> routed(shape{config_.experts}), kept(routed.shape());
+    kernels::route_top_k(exec_, probs, expert, gate, position, routed, kept,
+                         {.k = k, .capacity = 0});
+    const std::vector<std::int64_t> offsets = parallel::offsets_of(values_on_host(kept));
+    const std::int64_t assigned = offsets.back(), hidden = p.expert_fc[0].weight->value.shape()[0];
+    const auto values = [](const std::vector<affine_parameters>& experts, bool bias) {
+      std::vector<tensor_view<const T, Device>> views;
+      for (const affine_parameters& e : experts)
+        views.emplace_back(bias ? e.bias->value : e.weight->value);
+      return views;
+    };
+    quintet::tensor<T, Device> dispatched(shape{assigned, d}), h(shape{assigned, hidden});
+    kernels::permute_rows(exec_, rows, position, dispatched);
+    kernels::grouped_matmul(exec_, dispatched, offsets, values(p.expert_fc, false), h,
+                            {.transpose_b = true});
+    kernels::grouped_bias_add(exec_, h, offsets, values(p.expert_fc, true));
+    quintet::tensor<T, Device> a(h.shape()), out(shape{assigned, d});
+    kernels::gelu_forward(exec_, h, a);
+    kernels::grouped_matmul(exec_, a, offsets, values(p.expert_proj, false), out,
+                            {.transpose_b = true});
+    parallel::sum_partial_over_tp<reduce_plan>(mesh_, out);
+    kernels::grouped_bias_add(exec_, out, offsets, values(p.expert_proj, true));
+    quintet::tensor<T, Device> y(x.shape());
+    kernels::unpermute_rows(exec_, out, position, gate, reshape(y, shape{tokens, d}));
     return y;
   }
 
