@@ -429,7 +429,8 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   auto* sample_tokens_option =
       app.add_option("--sample-tokens", options.sample_tokens,
-                     "tokens per sample (0: no samples; with --pp off unless given, and refused)")
+                     "tokens per sample (0: no samples; with --pp or --ep off unless given, and "
+                     "refused; with --device cuda off unless given)")
           ->capture_default_str()
           ->check(CLI::NonNegativeNumber);
   app.add_option("--prompt-tokens", options.prompt_tokens,

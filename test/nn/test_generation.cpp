@@ -3,6 +3,9 @@
 // generation by recomputation token for token (serially, across a window shift, and under tp = 2,
 // Megatron-SP and ring attention on thread ranks, where every rank draws the same tokens and those
 // of the serial model), and the sampling rule: greedy, top-k, temperature, a reproducible key.
+// Mixture-of-experts models (routed dropless): the decoder's loss and cached logits equal the
+// model's forward (top-1 and top-2), every rank of tp, tp x ring and tp x Ulysses draws the serial
+// tokens, and a registry of another model or experts split over ep are refused.
 #include <catch2/catch.hpp>
 
 #include <quintet/comm/thread_comm.hpp>
@@ -64,6 +67,29 @@ double max_difference(const quintet::tensor<T, host>& a, const quintet::tensor<T
   return worst;
 }
 
+// The tokens of the loss checks: (3, 9) random ids.
+quintet::tensor<std::int32_t, host> loss_tokens(const nn::gpt_config& config) {
+  return ids(shape{3, 9}, 1, config.vocab);
+}
+
+// The decoder's logits of loss_tokens give the model's loss on random targets (double, 1e-12);
+// returns the logits (3, 9, vocab).
+template <class Model, class Decoder>
+quintet::tensor<double, host> require_model_loss(Model& model, Decoder& decoder,
+                                                 const nn::gpt_config& config) {
+  const auto tokens = loss_tokens(config);
+  const auto targets = ids(shape{3, 9}, 2, config.vocab);
+  nn::context<host> ctx;
+  const auto expected = model.forward(ctx, tokens.view(), targets.view());
+  quintet::tensor<double, host> logits = decoder.logits(tokens.view());
+  REQUIRE(logits.shape() == shape{3, 9, config.vocab});
+  quintet::tensor<double, host> lse(shape{3, 9});
+  const auto got = quintet::kernels::cross_entropy_forward(exec, logits, targets, lse);
+  CHECK(got.count == expected.count);
+  CHECK(got.loss_sum == Approx(expected.loss_sum).epsilon(1e-12));
+  return logits;
+}
+
 }  // namespace
 
 TEST_CASE("the decoder's logits give the model's loss", "[nn][generation]") {
@@ -75,16 +101,7 @@ TEST_CASE("the decoder's logits give the model's loss", "[nn][generation]") {
     nn::gpt<double, host> model(registry, exec, config);
     randomize_biases(registry);
     nn::gpt_decoder<double, host> decoder(registry, exec, config);
-    const auto tokens = ids(shape{3, 9}, 1, config.vocab);
-    const auto targets = ids(shape{3, 9}, 2, config.vocab);
-    nn::context<host> ctx;
-    const auto expected = model.forward(ctx, tokens.view(), targets.view());
-    const auto logits = decoder.logits(tokens.view());  // (3, 9, vocab)
-    REQUIRE(logits.shape() == shape{3, 9, config.vocab});
-    quintet::tensor<double, host> lse(shape{3, 9});
-    const auto got = quintet::kernels::cross_entropy_forward(exec, logits, targets, lse);
-    CHECK(got.count == expected.count);
-    CHECK(got.loss_sum == Approx(expected.loss_sum).epsilon(1e-12));
+    (void)require_model_loss(model, decoder, config);
   }
 }
 
@@ -235,8 +252,21 @@ TEST_CASE("generation under tensor and sequence parallel plans: every rank draws
   }
 }
 
-TEST_CASE("a MoE model's decoder computes its dropless forward, serially and under tp",
+TEST_CASE("a MoE model's decoder computes its dropless forward, serially and under tp and sp",
           "[nn][generation][moe]") {
+  for (const std::int64_t k : {1, 2}) {  // k = 1 gates by the probability itself
+    INFO("top-" << k);
+    nn::gpt_config config = small_model;
+    config.experts = 4;
+    config.top_k = k;
+    config.moe_every = 1;
+    config.capacity_factor = 0.0;
+    nn::parameter_registry<double, host> registry(4);
+    nn::gpt<double, host> model(registry, exec, config);
+    randomize_biases(registry);
+    nn::gpt_decoder<double, host> decoder(registry, exec, config);
+    (void)require_model_loss(model, decoder, config);
+  }
   // 4 experts, top-2, in every other block (block 1), routed dropless.
   nn::gpt_config config = small_model;
   config.experts = 4;
@@ -247,15 +277,8 @@ TEST_CASE("a MoE model's decoder computes its dropless forward, serially and und
   nn::gpt<double, host> model(registry, exec, config);
   randomize_biases(registry);
   nn::gpt_decoder<double, host> decoder(registry, exec, config);
-  const auto tokens = ids(shape{3, 9}, 1, config.vocab);
-  const auto targets = ids(shape{3, 9}, 2, config.vocab);
-  nn::context<host> ctx;
-  const auto expected = model.forward(ctx, tokens.view(), targets.view());
-  const auto whole = decoder.logits(tokens.view());
-  quintet::tensor<double, host> lse(shape{3, 9});
-  const auto got = quintet::kernels::cross_entropy_forward(exec, whole, targets, lse);
-  CHECK(got.count == expected.count);
-  CHECK(got.loss_sum == Approx(expected.loss_sum).epsilon(1e-12));
+  const auto whole = require_model_loss(model, decoder, config);
+  const auto tokens = loss_tokens(config);
   // The cache: a chunk routes its own tokens, every token alone, and still the same logits.
   auto cache = decoder.make_cache(3);
   for (const auto& [begin, end] : {std::pair{0, 4}, std::pair{4, 5}, std::pair{5, 9}}) {
@@ -280,6 +303,18 @@ TEST_CASE("a MoE model's decoder computes its dropless forward, serially and und
   for (const auto& tokens_drawn :
        parallel_tokens<double, tensor_plan>({.tp = 2}, 30, greedy, moe_parallel))
     CHECK(tokens_drawn == serial);
+  for (const auto& tokens_drawn :
+       parallel_tokens<double, ring_plan>({.tp = 2, .sp = 2}, 30, greedy, moe_parallel))
+    CHECK(tokens_drawn == serial);
+  for (const auto& tokens_drawn :
+       parallel_tokens<double, ulysses_plan>({.tp = 2, .sp = 2}, 30, greedy, moe_parallel))
+    CHECK(tokens_drawn == serial);
+  // A dense model's registry under a MoE config names the block and what is missing.
+  nn::parameter_registry<double, host> dense_registry(9);
+  nn::gpt<double, host> dense(dense_registry, exec, small_model);
+  CHECK_THROWS_WITH((nn::gpt_decoder<double, host>(dense_registry, exec, config)),
+                    Catch::Contains("the config makes block 1 a mixture of 4 experts (moe_every "
+                                    "2), but the registry has no 'blocks.1.moe.router.weight'"));
 }
 
 TEST_CASE("a decoder refuses experts split over ep", "[nn][generation][moe]") {
@@ -299,7 +334,7 @@ TEST_CASE("a decoder refuses experts split over ep", "[nn][generation][moe]") {
     }
   });
   for (const auto& message : errors)
-    CHECK_THAT(message, Catch::Contains("the model's 4 experts are split over ep"));
+    CHECK_THAT(message, Catch::Contains("the model's 4 experts are split over ep = 2"));
 }
 
 TEST_CASE("a decoder refuses a registry of another plan", "[nn][generation]") {

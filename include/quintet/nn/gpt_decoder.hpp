@@ -22,8 +22,8 @@
 //                        outputs, as nn::moe; under tp each expert's hidden units stay split and
 //                        its partial output is all-reduced over tp. So the decoder computes the
 //                        model's forward wherever that forward drops nothing (always for a model
-//                        trained dropless, capacity factor 0). Experts split over ep (a rank
-//                        holds only its own) are refused at construction.
+//                        trained dropless, capacity factor 0). Experts split over ep > 1 (a rank
+//                        holds only its own) are refused at construction. Tested on the host.
 //
 //   forward(cache, tokens (batch, n))  positions [cache.length(), cache.length() + n)
 //     -> logits (batch, n, vocab), the same on every rank; cache.length() grows by n
@@ -52,6 +52,8 @@
 #include <quintet/tensor/reshape.hpp>
 #include <quintet/tensor/slice.hpp>
 #include <quintet/tensor/tensor.hpp>
+
+#include <fmt/format.h>
 
 #include <cstdint>
 #include <string>
@@ -96,11 +98,11 @@ class gpt_decoder {
   gpt_decoder(parameter_registry<T, Device>& registry, const execution<Device>& exec,
               const gpt_config& config, Mesh* mesh = nullptr)
       : exec_(exec), config_((config.validate(), config)), mesh_(required(mesh)) {
-    QUINTET_CHECK(config.experts == 0 || !parallel::uses_expert_parallel<Plan>,
-                  "gpt_decoder: the model's {} experts are split over ep under {}, so a rank "
+    QUINTET_CHECK(config.experts == 0 || ep_size(mesh_) == 1,
+                  "gpt_decoder: the model's {} experts are split over ep = {} under {}, so a rank "
                   "holds only its own; generation needs every expert on every rank (the "
                   "all-to-all dispatch is not built into the decoder)",
-                  config.experts, Plan::name());
+                  config.experts, ep_size(mesh_), Plan::name());
     const int tp = tp_size(mesh_);
     QUINTET_CHECK(config.heads % tp == 0, "gpt_decoder: {} heads do not divide over tp = {}",
                   config.heads, tp);
@@ -116,16 +118,32 @@ class gpt_decoder {
       block.qkv = affine(registry, b + ".attn.qkv");
       block.attention_proj = affine(registry, b + ".attn.proj");
       block.ln2 = norm(registry, b + ".ln2");
+      // The feed-forward the config gives block l; a registry of another model says which.
+      const auto part = [&](const std::string& name) -> parameter<T, Device>& {
+        for (auto& p : registry)
+          if (p.name == name) return p;
+        QUINTET_FAIL(
+            "gpt_decoder: the config makes block {} {}, but the registry has no '{}' (the "
+            "registry of a model with other experts or moe_every?)",
+            l,
+            config.is_moe_block(l) ? fmt::format("a mixture of {} experts (moe_every {})",
+                                                 config.experts, config.moe_every)
+                                   : std::string("dense"),
+            name);
+      };
+      const auto linear = [&](const std::string& name) {
+        return affine_parameters{&part(name + ".weight"), &part(name + ".bias")};
+      };
       if (config.is_moe_block(l)) {
-        block.router = &registry.find(b + ".moe.router.weight");
+        block.router = &part(b + ".moe.router.weight");
         for (std::int64_t e = 0; e < config.experts; ++e) {
           const std::string expert = b + ".moe.experts." + std::to_string(e);
-          block.expert_fc.push_back(affine(registry, expert + ".fc"));
-          block.expert_proj.push_back(affine(registry, expert + ".proj"));
+          block.expert_fc.push_back(linear(expert + ".fc"));
+          block.expert_proj.push_back(linear(expert + ".proj"));
         }
       } else {
-        block.fc = affine(registry, b + ".mlp.fc");
-        block.mlp_proj = affine(registry, b + ".mlp.proj");
+        block.fc = linear(b + ".mlp.fc");
+        block.mlp_proj = linear(b + ".mlp.proj");
       }
       blocks_.push_back(std::move(block));
     }
@@ -221,6 +239,13 @@ class gpt_decoder {
       return 1;
     }
   }
+  static int ep_size(Mesh* mesh) {
+    if constexpr (mesh_like<Mesh>) {
+      return mesh->degrees().ep;
+    } else {
+      return 1;
+    }
+  }
   static int tp_rank(Mesh* mesh) {
     if constexpr (tensor_parallel) {
       return mesh->tp().rank();
@@ -255,7 +280,9 @@ class gpt_decoder {
       require(b.router, shape{config_.experts, d});
       for (std::size_t e = 0; e < b.expert_fc.size(); ++e) {
         require(b.expert_fc[e].weight, shape{hidden / tp_size(mesh_), d});
+        require(b.expert_fc[e].bias, shape{hidden / tp_size(mesh_)});
         require(b.expert_proj[e].weight, shape{d, hidden / tp_size(mesh_)});
+        require(b.expert_proj[e].bias, shape{d});
       }
     }
   }
@@ -369,6 +396,7 @@ class gpt_decoder {
     quintet::tensor<std::int64_t, Device> routed(shape{config_.experts}), kept(routed.shape());
     kernels::route_top_k(exec_, probs, expert, gate, position, routed, kept,
                          {.k = k, .capacity = 0});
+    exec_.synchronize();  // the counts read on the host are the kernel's
     const std::vector<std::int64_t> offsets = parallel::offsets_of(values_on_host(kept));
     const std::int64_t assigned = offsets.back(), hidden = p.expert_fc[0].weight->value.shape()[0];
     const auto values = [](const std::vector<affine_parameters>& experts, bool bias) {
