@@ -67,6 +67,15 @@ double max_difference(const quintet::tensor<T, host>& a, const quintet::tensor<T
   return worst;
 }
 
+// `base` with 4 experts, top-k, in every moe_every-th block, routed dropless.
+nn::gpt_config dropless_moe(nn::gpt_config base, std::int64_t k, std::int64_t moe_every) {
+  base.experts = 4;
+  base.top_k = k;
+  base.moe_every = moe_every;
+  base.capacity_factor = 0.0;
+  return base;
+}
+
 // The tokens of the loss checks: (3, 9) random ids.
 quintet::tensor<std::int32_t, host> loss_tokens(const nn::gpt_config& config) {
   return ids(shape{3, 9}, 1, config.vocab);
@@ -256,23 +265,15 @@ TEST_CASE("a MoE model's decoder computes its dropless forward, serially and und
           "[nn][generation][moe]") {
   for (const std::int64_t k : {1, 2}) {  // k = 1 gates by the probability itself
     INFO("top-" << k);
-    nn::gpt_config config = small_model;
-    config.experts = 4;
-    config.top_k = k;
-    config.moe_every = 1;
-    config.capacity_factor = 0.0;
+    const nn::gpt_config config = dropless_moe(small_model, k, 1);
     nn::parameter_registry<double, host> registry(4);
     nn::gpt<double, host> model(registry, exec, config);
     randomize_biases(registry);
     nn::gpt_decoder<double, host> decoder(registry, exec, config);
     (void)require_model_loss(model, decoder, config);
   }
-  // 4 experts, top-2, in every other block (block 1), routed dropless.
-  nn::gpt_config config = small_model;
-  config.experts = 4;
-  config.top_k = 2;
-  config.moe_every = 2;
-  config.capacity_factor = 0.0;
+  // Top-2 in every other block (block 1).
+  const nn::gpt_config config = dropless_moe(small_model, 2, 2);
   nn::parameter_registry<double, host> registry(9);
   nn::gpt<double, host> model(registry, exec, config);
   randomize_biases(registry);
@@ -293,11 +294,7 @@ TEST_CASE("a MoE model's decoder computes its dropless forward, serially and und
   // Greedy generation, cached and recomputed, serially and on every rank of tp 2 (the experts'
   // hidden units split over tp).
   const nn::sampling_options greedy{.temperature = 0.0};
-  nn::gpt_config moe_parallel = parallel_model;
-  moe_parallel.experts = 4;
-  moe_parallel.top_k = 2;
-  moe_parallel.moe_every = 1;
-  moe_parallel.capacity_factor = 0.0;
+  const nn::gpt_config moe_parallel = dropless_moe(parallel_model, 2, 1);
   const auto serial = serial_tokens<double>(30, greedy, moe_parallel);
   CHECK(std::set<std::int32_t>(serial.begin(), serial.end()).size() > 2);
   for (const auto& tokens_drawn :
