@@ -119,11 +119,6 @@ void check_expert_options(const program_options& options) {
   QUINTET_CHECK(m.experts % options.ep == 0,
                 "--experts {} do not divide over --ep {}: each ep rank holds experts / ep of them",
                 m.experts, options.ep);
-  QUINTET_CHECK(options.sp_style != "megatron",
-                "--experts {} with --sp-style megatron: a mixture-of-experts layer with its "
-                "tokens sharded over tp is not built yet (--sp-style ulysses or ring splits them "
-                "over --sp; the experts split over --ep and --tp)",
-                m.experts);
   QUINTET_CHECK(options.ep == 1 || options.sp_style == "none",
                 "--ep {} with --sp-style {}: train_gpt builds no row with both (compile time); "
                 "the library composes them, plan<dp<...>, tp<...>, sp<{}>, ep<top_k<K>>>, and "

@@ -40,10 +40,10 @@ namespace train_gpt {
 // instantiation rather than one per k; with --pp the same row with the pipeline last. ep
 // subdivides dp (--dp must be a multiple of --ep); under --tp every expert's hidden units are
 // split over tp as the dense MLP's are; under --pp the ep group is the dp ranks of one stage.
-// --sp-style megatron is refused with experts, and --ep with any sequence style (no such row is
-// built; the library composes them). A MoE model without --ep runs in the pipeline rows and in the
-// rows without --sp-style or with ulysses or ring (the sp group routing its tokens as one group),
-// each rank holding every expert (under --tp, its slice).
+// --ep with any sequence style is refused (no such row is built; the library composes them). A MoE
+// model without --ep runs in every other row: without --sp-style, with ulysses or ring (the sp
+// group routing its tokens as one group) and with megatron (the tp group routing as one group and
+// gathering its tokens for the experts), each rank holding every expert (under --tp, its slice).
 template <class Plan>
 struct plan_type {
   using type = Plan;

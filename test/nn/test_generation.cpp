@@ -306,6 +306,9 @@ TEST_CASE("a MoE model's decoder computes its dropless forward, serially and und
   for (const auto& tokens_drawn :
        parallel_tokens<double, ulysses_plan>({.tp = 2, .sp = 2}, 30, greedy, moe_parallel))
     CHECK(tokens_drawn == serial);
+  for (const auto& tokens_drawn :
+       parallel_tokens<double, megatron_sp_plan>({.tp = 2}, 30, greedy, moe_parallel))
+    CHECK(tokens_drawn == serial);
   // A dense model's registry under a MoE config names the block and what is missing.
   nn::parameter_registry<double, host> dense_registry(9);
   nn::gpt<double, host> dense(dense_registry, exec, small_model);

@@ -1,15 +1,17 @@
 // A mixture-of-experts layer whose tokens are split over sequence parallelism (sp<ring>: zig-zag
-// chunks, sp<ulysses>: contiguous blocks), proven by parity with the serial layer over the whole
-// micro-batch, in double. The sp group routes as one group (parallel::sequence_tokens gathers the
-// router's logits), so each rank's output and input gradient equal the serial layer's on its
+// chunks, sp<ulysses>: contiguous blocks; sp<megatron_sp>: contiguous blocks on the tp ranks,
+// which also split every expert's hidden units), proven by parity with the serial layer over the
+// whole micro-batch, in double. The group routes as one group (parallel::sequence_tokens gathers
+// the router's logits), so each rank's output and input gradient equal the serial layer's on its
 // rows, the routing statistics are the serial ones on every rank, and the gradients, each rank's
-// partial over sp, sum to the serial ones. Compared within 1e-12 relative (margin 1e-14): the
-// products run over each rank's rows instead of all of them, and the sums over sp add in another
-// order. Also: sequence_tokens' gather and split on their own, and what it refuses; the traffic
-// on counting ranks (the positions gathered once per sequence length, the logits every forward,
-// nothing in backward); and the MoE
-// GPT in the trainer with its tokens split over sp (ring, ulysses), alone and with tp, ep and pp,
-// against the serial MoE GPT (train::check_parity, the tolerances of the other MoE parity tests).
+// partial over the group, sum to the serial ones (under megatron_sp the experts' tp slices are
+// whole: each equals the serial gradient's slice). Compared within 1e-12 relative (margin 1e-14):
+// the products run over each rank's rows (or hidden units) instead of all of them, and the sums
+// over the group add in another order. Also: sequence_tokens' gather and split on their own, and
+// what it refuses; the traffic on counting ranks (the positions gathered once per sequence length,
+// the logits every forward, nothing in backward); and the MoE GPT in the trainer with its tokens
+// split over sp (ring, ulysses), alone and with tp, ep and pp, against the serial MoE GPT
+// (train::check_parity, the tolerances of the other MoE parity tests).
 #include <catch2/catch.hpp>
 
 #include "gpt_parity.hpp"
@@ -21,9 +23,11 @@
 #include <quintet/parallel/expert/top_k.hpp>
 #include <quintet/parallel/pipeline/catalog.hpp>
 #include <quintet/parallel/plan.hpp>
+#include <quintet/parallel/sequence/megatron_sp.hpp>
 #include <quintet/parallel/sequence/ring.hpp>
 #include <quintet/parallel/sequence/sequence_tokens.hpp>
 #include <quintet/parallel/sequence/ulysses.hpp>
+#include <quintet/parallel/tensor/megatron_1d.hpp>
 #include <quintet/tensor/random.hpp>
 #include <quintet/train/parity.hpp>
 
@@ -72,11 +76,31 @@ moe_options layer_options(std::int64_t k, double capacity_factor, drop_order dro
           .proj_init_stddev = 0.5};
 }
 
+// The elements of `whole` (row-major, of the region's global shape) inside `block`, in order.
+std::vector<double> region_values(const std::vector<double>& whole, const quintet::region& block) {
+  const shape local = block.local_shape();
+  std::vector<double> picked;
+  shape::index_array index{};
+  for (std::int64_t i = 0; i < local.numel(); ++i) {
+    std::int64_t rest = i;
+    for (int d = local.rank() - 1; d >= 0; --d) {
+      index[d] = rest % local[d];
+      rest /= local[d];
+    }
+    picked.push_back(whole.at(static_cast<std::size_t>(block.global_index(index))));
+  }
+  return picked;
+}
+
+// Random biases, the serial ones on every rank (a tp rank gets its slice of them).
 void random_biases(registry_type& registry) {
   for (auto& p : registry)
-    if (p.name.ends_with(".bias"))
-      quintet::fill_normal(p.value, {.seed = 5, .stream = quintet::rng_stream_for(p.name)}, 0.0,
-                           0.3);
+    if (p.name.ends_with(".bias")) {
+      host_tensor whole(p.global_shape);
+      quintet::fill_normal(whole, {.seed = 5, .stream = quintet::rng_stream_for(p.name)}, 0.0, 0.3);
+      const std::vector<double> mine = region_values(values_of(whole), p.local);
+      std::copy(mine.begin(), mine.end(), p.value.data());
+    }
 }
 
 // This rank's rows of a (batch, seq, d) tensor under the style's layout.
@@ -85,6 +109,21 @@ host_tensor rows_of(const host_tensor& whole, mesh_type& mesh) {
   const auto layout = qp::strategy_traits<Style>::activation_layout(&mesh, whole.shape()[1]);
   return qp::take_rows(whole.view(), layout);
 }
+
+// The plan and mesh of a style whose tokens split over n ranks: sp<Style> over sp, or Megatron-SP
+// over tp (with the tensor parallelism it needs).
+template <class Style>
+struct token_group {
+  using plan = quintet::plan<qp::sp<Style>>;
+  static constexpr quintet::mesh_axis axis = quintet::mesh_axis::sp;
+  static quintet::mesh_degrees degrees(int n) { return {.sp = n}; }
+};
+template <>
+struct token_group<qp::megatron_sp> {
+  using plan = quintet::plan<qp::tp<qp::megatron_1d>, qp::sp<qp::megatron_sp>>;
+  static constexpr quintet::mesh_axis axis = quintet::mesh_axis::tp;
+  static quintet::mesh_degrees degrees(int n) { return {.tp = n}; }
+};
 
 struct serial_result {
   host_tensor y, dx;
@@ -95,11 +134,11 @@ struct serial_result {
 // What a check saw: the serial routing, and each rank's own kept rows per expert (its context).
 struct routing_seen {
   quintet::nn::routing_statistics serial;
-  std::vector<std::vector<std::int64_t>> kept_here;  // per sp rank
+  std::vector<std::vector<std::int64_t>> kept_here;  // per rank of the group
 };
 
-// One check: the serial layer over (batch, seq) tokens against sp ranks of plan<sp<Style>>;
-// `steer` sets the router's weights on both sides alike.
+// One check: the serial layer over (batch, seq) tokens against the `sp` ranks of Style's group
+// (token_group); `steer` sets the router's weights on both sides alike.
 template <class Style>
 routing_seen check_sequence_parallel_moe(
     int sp, std::int64_t seq, const moe_options& options,
@@ -131,13 +170,14 @@ routing_seen check_sequence_parallel_moe(
     std::vector<double> y, dx, expected_y, expected_dx;
     quintet::nn::routing_statistics stats;
     std::vector<std::int64_t> kept_here;
-    std::map<std::string, std::vector<double>> summed;  // gradients summed over sp
+    std::map<std::string, std::vector<double>> summed;  // gradients summed over the group
+    std::map<std::string, std::vector<double>> slice, expected_slice;  // the experts' tp slices
     std::map<std::string, quintet::mesh_axis_set> partial;
   };
   std::vector<rank_result> ranks(static_cast<std::size_t>(sp));
-  using plan = quintet::plan<qp::sp<Style>>;
+  using plan = typename token_group<Style>::plan;
   quintet::thread_world{sp}.run([&](quintet::thread_comm& world) {
-    mesh_type mesh(world, {.sp = sp});
+    mesh_type mesh(world, token_group<Style>::degrees(sp));
     registry_type registry(seed, mesh, plan{});
     quintet::nn::moe<double, host, plan, mesh_type> layer(registry, exec, "moe", d_model, hidden,
                                                           options, &mesh);
@@ -156,8 +196,13 @@ routing_seen check_sequence_parallel_moe(
       r.partial[p.name] = p.placement.partial_axes();
       host_tensor g(p.grad.shape());
       quintet::copy(g, p.grad);
-      world.all_reduce(g, quintet::reduce_op::sum);
-      r.summed[p.name] = values_of(g);
+      if (p.placement.is_sharded(quintet::mesh_axis::tp)) {
+        r.slice[p.name] = values_of(g);
+        r.expected_slice[p.name] = region_values(serial.grads.at(p.name), p.local);
+      } else {
+        world.all_reduce(g, quintet::reduce_op::sum);
+        r.summed[p.name] = values_of(g);
+      }
     }
   });
   for (int rank = 0; rank < sp; ++rank) {
@@ -175,12 +220,18 @@ routing_seen check_sequence_parallel_moe(
     CHECK(r.stats.load_balancing_loss ==
           Approx(serial.stats.load_balancing_loss).epsilon(1e-12).margin(1e-14));
     CHECK(r.stats.z_loss == Approx(serial.stats.z_loss).epsilon(1e-12).margin(1e-14));
-    // Every gradient is partial over sp: summed, the serial one.
-    REQUIRE(r.summed.size() == serial.grads.size());
+    // Every gradient held whole is partial over the group: summed, the serial one; a tp slice
+    // is the serial gradient's slice.
+    REQUIRE(r.summed.size() + r.slice.size() == serial.grads.size());
     for (const auto& [name, summed] : r.summed) {
       INFO(name);
-      CHECK(r.partial.at(name) == quintet::mesh_axis_set{quintet::mesh_axis::sp});
-      require_close(summed, serial.grads.at(name), "gradient summed over sp");
+      CHECK(r.partial.at(name) == quintet::mesh_axis_set{token_group<Style>::axis});
+      require_close(summed, serial.grads.at(name), "gradient summed over the group");
+    }
+    for (const auto& [name, slice] : r.slice) {
+      INFO(name);
+      CHECK(r.partial.at(name) == quintet::mesh_axis_set{});
+      require_close(slice, r.expected_slice.at(name), "tp slice of the gradient");
     }
   }
   routing_seen seen{.serial = serial.stats, .kept_here = {}};
@@ -272,6 +323,20 @@ TEST_CASE("a MoE layer with its tokens split over sp routes them as the serial l
           3, 12, layer_options(k, 0.75, drop_order::position));
       CHECK(seen.serial.dropped_assignments > 0);
     }
+    SECTION("megatron_sp, tp 2, dropless, k " + std::to_string(k)) {
+      check_sequence_parallel_moe<qp::megatron_sp>(2, 8, layer_options(k, 0.0, {}));
+    }
+    SECTION("megatron_sp, tp 2, drops by probability, k " + std::to_string(k)) {
+      const auto seen = check_sequence_parallel_moe<qp::megatron_sp>(
+          2, 8, layer_options(k, 0.5, drop_order::lowest_probability));
+      CHECK(seen.serial.dropped_assignments > 0);
+    }
+    SECTION("megatron_sp, tp 5 (hidden 10: 2 units each), drops by position, k " +
+            std::to_string(k)) {
+      const auto seen = check_sequence_parallel_moe<qp::megatron_sp>(
+          5, 10, layer_options(k, 0.75, drop_order::position));
+      CHECK(seen.serial.dropped_assignments > 0);
+    }
   }
   SECTION("every logit tied: all tokens choose expert 0, whose capacity rank 0's rows fill") {
     // A zero router gives every expert the same probability: top-1 takes expert 0 (ties go to the
@@ -290,12 +355,13 @@ TEST_CASE("a MoE layer with its tokens split over sp routes them as the serial l
   }
 }
 
-TEST_CASE("a MoE layer over sp refuses what it cannot route, on every rank",
-          "[parity][sequence][expert]") {
-  using plan = quintet::plan<qp::sp<qp::ring>>;
+TEMPLATE_TEST_CASE("a MoE layer over sp refuses what it cannot route, on every rank",
+                   "[parity][sequence][expert]", qp::ring, qp::megatron_sp) {
+  using plan = typename token_group<TestType>::plan;
+  const std::string axis(quintet::name_of(token_group<TestType>::axis));
   const auto build = [](const moe_options& options, bool flat_input) {
     quintet::thread_world{2}.run([&](quintet::thread_comm& world) {
-      mesh_type mesh(world, {.sp = 2});
+      mesh_type mesh(world, token_group<TestType>::degrees(2));
       registry_type registry(seed, mesh, plan{});
       quintet::nn::moe<double, host, plan, mesh_type> layer(registry, exec, "moe", d_model, hidden,
                                                             options, &mesh);
@@ -307,11 +373,12 @@ TEST_CASE("a MoE layer over sp refuses what it cannot route, on every rank",
   };
   moe_options grouped = layer_options(2, 0.0, {});
   grouped.groups = 2;
-  CHECK_THROWS_WITH(build(grouped, false),
-                    Catch::Contains("2 routing groups with the tokens split over sp = 2"));
+  CHECK_THROWS_WITH(
+      build(grouped, false),
+      Catch::Contains("2 routing groups with the tokens split over " + axis + " = 2"));
   CHECK_THROWS_WITH(build(layer_options(2, 0.0, {}), true),
-                    Catch::Contains("under sequence parallelism the input is (batch, this rank's "
-                                    "positions, d)"));
+                    Catch::Contains("with the tokens split over " + axis +
+                                    " the input is (batch, this rank's positions, d)"));
   CHECK_NOTHROW(build(layer_options(2, 0.0, {}), false));
 }
 
@@ -327,6 +394,12 @@ using ring_ep_plan = quintet::plan<par::dp<par::zero<0>>, tensor_parallel, par::
                                    par::ep<par::top_k<2>>>;
 using ring_pp_moe_plan =
     quintet::plan<tensor_parallel, par::sp<par::ring>, par::pp<par::named_schedule>>;
+using megatron_moe_plan =
+    quintet::plan<par::dp<par::zero<1>>, tensor_parallel, par::sp<par::megatron_sp>>;
+using megatron_ep_plan = quintet::plan<par::dp<par::zero<0>>, tensor_parallel,
+                                       par::sp<par::megatron_sp>, par::ep<par::top_k<2>>>;
+using megatron_pp_moe_plan =
+    quintet::plan<tensor_parallel, par::sp<par::megatron_sp>, par::pp<par::named_schedule>>;
 
 // The parity model (2 blocks, d 16, 8 heads, seq 8) with 4 experts in every block, top-2, and
 // strong auxiliary losses, so that a wrong weighting of them shows in the parameters.
@@ -398,9 +471,34 @@ TEST_CASE("a MoE GPT with its tokens split over sp trains like the serial MoE GP
   }
 }
 
-TEST_CASE("under ring sp, recompute full and selective give recompute none's bits",
+TEST_CASE("a MoE GPT under Megatron-SP (tokens sharded over tp) trains like the serial MoE GPT",
           "[parity][sequence][expert][moe]") {
-  // full reruns each MoE block's forward in backward, its logits gather over sp included.
+  SECTION("tp 2, tokens dropped, 2 micro-batches") {
+    require_moe_parity<megatron_moe_plan>(moe_model(1.0), moe_training(2), {.tp = 2});
+  }
+  SECTION("tp 2 x ZeRO-1 over dp 2, dropless") {
+    require_moe_parity<megatron_moe_plan>(moe_model(0.0), moe_training(1), {.dp = 2, .tp = 2});
+  }
+  SECTION("dp 2 over ep 2 x tp 2: the tp group's gathered tokens to its ep group's experts") {
+    require_moe_parity<megatron_ep_plan>(moe_model(1.0), moe_training(2),
+                                         {.dp = 2, .tp = 2, .ep = 2});
+  }
+  SECTION("pp 2 x tp 2, 1f1b and zb-v") {
+    for (const char* schedule : {"1f1b", "zb-v"}) {
+      INFO(schedule);
+      train::training_options options = moe_training(4);
+      options.pipeline.schedule = schedule;
+      require_moe_parity<megatron_pp_moe_plan>(moe_model(1.0, 4), options, {.pp = 2, .tp = 2});
+    }
+  }
+}
+
+namespace {
+
+// Each mode's run of the MoE GPT on two ranks of Plan (mesh `degrees`).
+template <class Plan>
+std::map<quintet::nn::recompute_mode, std::vector<train::parity_run>> recompute_runs(
+    quintet::mesh_degrees degrees) {
   std::map<quintet::nn::recompute_mode, std::vector<train::parity_run>> runs;
   for (const auto mode : {quintet::nn::recompute_mode::none, quintet::nn::recompute_mode::selective,
                           quintet::nn::recompute_mode::full}) {
@@ -410,16 +508,28 @@ TEST_CASE("under ring sp, recompute full and selective give recompute none's bit
     ranks.resize(2);
     quintet::thread_world{2}.run([&](quintet::thread_comm& world) {
       const quintet::execution<host> rank_exec(1);
-      mesh_type mesh(world, {.sp = 2});
-      ranks[static_cast<std::size_t>(world.rank())] = train::parity_rank<float, ring_moe_plan>(
+      mesh_type mesh(world, degrees);
+      ranks[static_cast<std::size_t>(world.rank())] = train::parity_rank<float, Plan>(
           quintet::test::source, model, moe_training(2), rank_exec, &mesh);
     });
   }
+  return runs;
+}
+
+}  // namespace
+
+TEST_CASE("under ring sp and Megatron-SP, recompute full and selective give recompute none's bits",
+          "[parity][sequence][expert][moe]") {
+  // full reruns each MoE block's forward in backward, its collectives over the group included.
+  const auto runs = GENERATE(as<std::string>{}, "ring", "megatron_sp") == "ring"
+                        ? recompute_runs<ring_moe_plan>({.sp = 2})
+                        : recompute_runs<megatron_moe_plan>({.tp = 2});
   for (const auto mode :
        {quintet::nn::recompute_mode::selective, quintet::nn::recompute_mode::full})
     for (std::size_t r = 0; r < 2; ++r) {
       INFO("mode " << quintet::nn::name_of(mode) << ", rank " << r);
-      quintet::test::require_identical(runs[quintet::nn::recompute_mode::none][r], runs[mode][r]);
+      quintet::test::require_identical(runs.at(quintet::nn::recompute_mode::none)[r],
+                                       runs.at(mode)[r]);
     }
 }
 
@@ -479,6 +589,63 @@ TEST_CASE("a MoE layer over sp moves the positions once and E logits a token per
       CHECK(tallies[1] == gather(logits(seq), 1));
       CHECK(tallies[2] == gather(positions(longer) + logits(longer), 2));
       CHECK(backward_calls[static_cast<std::size_t>(rank)] == 0);
+    }
+  }
+}
+
+TEST_CASE("a MoE layer under Megatron-SP moves what the dense MLP does, plus E logits and k gates",
+          "[parity][sequence][expert]") {
+  // On counting ranks, tp = 2 and 5: forward twice at one sequence length, then backward. Forward
+  // gathers the positions (once per length), the logits and x, and reduce-scatters y; backward
+  // gathers dy and reduce-scatters dx and the gates' gradient. Bytes as nccl-tests' S: the
+  // gathered output, the reduce-scatter's whole input.
+  using counted_comm = quintet::counting_comm<quintet::thread_comm>;
+  using counted_mesh = quintet::device_mesh<counted_comm>;
+  using plan = token_group<qp::megatron_sp>::plan;
+  constexpr std::int64_t experts = 4, k = 2;
+  using quintet::comm_operation;
+  using tallies = std::map<std::pair<std::string, comm_operation>, quintet::comm_tally>;
+  for (const int tp : {2, 5}) {  // hidden 10 splits over both
+    INFO("tp " << tp);
+    const std::int64_t seq = 4 * tp;
+    std::vector<std::vector<tallies>> got(static_cast<std::size_t>(tp));
+    quintet::thread_world{tp}.run([&](quintet::thread_comm& world) {
+      counted_comm counted(world.split(0, world.rank()));
+      counted_mesh mesh(counted, {.tp = tp});
+      quintet::nn::parameter_registry<float, host> registry(seed, mesh, plan{});
+      quintet::nn::moe<float, host, plan, counted_mesh> layer(
+          registry, exec, "moe", d_model, hidden, {.experts = experts, .top_k = k}, &mesh);
+      const auto at = static_cast<std::size_t>(world.rank());
+      quintet::tensor<float, host> x(shape{batch, seq / tp, d_model}), dy(x.shape());
+      quintet::fill_normal(x, {.seed = 3, .stream = at}, 0.0, 1.0);
+      quintet::fill_normal(dy, {.seed = 4, .stream = at}, 0.0, 1.0);
+      for (const bool backward : {false, true}) {
+        quintet::nn::context<host> ctx;
+        counted.ledger().clear();
+        (void)layer.forward(ctx, x.view());
+        got[at].push_back(counted.ledger().tallies());
+        if (backward) {
+          counted.ledger().clear();
+          (void)layer.backward(ctx, dy.view());
+          got[at].push_back(counted.ledger().tallies());
+        }
+      }
+    });
+    const auto tally = [&](std::int64_t calls, std::int64_t bytes) {
+      return quintet::comm_tally{calls, bytes, static_cast<double>(bytes) * (tp - 1) / tp};
+    };
+    const std::int64_t positions = seq * 8, logits = batch * seq * experts * 4,
+                       rows = batch * seq * d_model * 4, gates = batch * seq * k * 4;
+    const auto gather = std::make_pair(std::string("tp"), comm_operation::all_gather);
+    const auto scatter = std::make_pair(std::string("tp"), comm_operation::reduce_scatter);
+    for (int rank = 0; rank < tp; ++rank) {
+      INFO("rank " << rank);
+      const auto& seen = got[static_cast<std::size_t>(rank)];
+      REQUIRE(seen.size() == 3);
+      CHECK(seen[0] ==
+            tallies{{gather, tally(3, positions + logits + rows)}, {scatter, tally(1, rows)}});
+      CHECK(seen[1] == tallies{{gather, tally(2, logits + rows)}, {scatter, tally(1, rows)}});
+      CHECK(seen[2] == tallies{{gather, tally(1, rows)}, {scatter, tally(2, rows + gates)}});
     }
   }
 }

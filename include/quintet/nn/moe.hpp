@@ -23,14 +23,30 @@
 // bias (sharded(tp, 0)), proj weight columns (sharded(tp, 1)) — and computes a partial output,
 // summed over tp (parallel::sum_partial_over_tp) before the replicated proj bias is added; in
 // backward the partial input gradient of the experts is summed the same way. The router is
-// replicated: every tp rank sees the same tokens and routes them alike, so nothing else
-// communicates over tp.
+// replicated: with whole sequences every tp rank sees the same tokens and routes them alike, so
+// nothing else communicates over tp (under Megatron-SP, below, the tp group gathers them).
 //
 // Under a sequence style that splits the tokens over sp (ulysses, ring) each rank runs the experts
 // on its own rows, but the sp group routes as one group: the router gathers its logits over sp
 // and decides as the serial router over all of the group's tokens (capacity, drops, auxiliary
 // losses; router.hpp), so the statistics are the group's on every sp rank and every gradient is
 // partial over sp. forward is then collective over sp (a gather of E values a token).
+//
+// Under Megatron-SP (sp<megatron_sp>: the tokens sharded over tp between the linears) the tp group
+// routes as one group the same way, and then every tp rank computes its slice of every expert
+// over all of the group's tokens, as Megatron's all-gather dispatcher does:
+//
+//   x (b, s/tp, d) -> router over the tp group (logits gathered) -> gather x over tp (b, s, d)
+//     -> permute by the group's decisions -> experts, this rank's hidden units (partial outputs;
+//        tp rank 0's part carries the proj bias, so that the sum adds it once)
+//     -> unpermute, weight by gates -> reduce-scatter over tp -> y (b, s/tp, d)
+//   backward: gather dy over tp -> the experts' backward on the whole group's rows -> unpermute
+//     -> reduce-scatter dx; the gates' gradient, partial over tp, reduce-scattered to the router,
+//        which runs its backward on this rank's rows.
+// Its traffic a layer is that of Megatron-SP's dense MLP (a gather and a reduce-scatter of
+// (b, s, d) each way) plus the logits' gather and the gates' reduce-scatter (E and k values a
+// token). The router's and the proj biases' gradients are partial over tp (the bias's is tp rank
+// 0's), as megatron_sp declares every replicated parameter's; the experts' slices are whole.
 //
 // Under parallel::ep<top_k<K>> (docs/expert_parallel.md) each ep rank routes its own tokens (ep
 // subdivides dp) with its own capacity and auxiliary losses (Switch's per-device statistics), and
@@ -56,6 +72,7 @@
 #include <quintet/parallel/placement.hpp>
 #include <quintet/parallel/plan.hpp>
 #include <quintet/parallel/projections.hpp>
+#include <quintet/parallel/sequence/sequence_collectives.hpp>
 #include <quintet/parallel/sequence/sequence_tokens.hpp>
 #include <quintet/parallel/strategy.hpp>
 #include <quintet/tensor/copy.hpp>
@@ -86,9 +103,9 @@ struct moe_options {
 };
 
 // Under a mesh: sp above 1 needs a sequence style that splits the tokens over sp (ulysses, ring:
-// the sp group then routes as one group, router.hpp), and tp above 1 needs the plan's tp<...>
-// (which splits the experts) without Megatron-SP's sequence sharding on tp, so that every tp rank
-// sees the same tokens. Nothing to check without a mesh.
+// the sp group then routes as one group, router.hpp), and tp above 1 needs the plan's tp<...>,
+// which splits the experts (under megatron_sp the tp group also routes as one group and gathers
+// its tokens). Nothing to check without a mesh.
 template <class Plan, class Mesh>
 void check_moe_mesh(const std::string& name, Mesh* mesh) {
   if constexpr (mesh_like<Mesh>) {
@@ -98,23 +115,21 @@ void check_moe_mesh(const std::string& name, Mesh* mesh) {
                   "moe '{}': sp = {} without a sequence style of the plan that splits the tokens "
                   "over sp (sp<ulysses> or sp<ring>)",
                   name, d.sp);
-    QUINTET_CHECK(d.tp == 1 || (parallel::uses_tensor_parallel<Plan> &&
-                                !parallel::shards_sequence_on_tp<Plan>),
-                  "moe '{}': tp = {} {}; a mixture-of-experts layer splits its experts over tp "
-                  "under tp<megatron_1d> with whole sequences (no megatron_sp)",
-                  name, d.tp,
-                  parallel::uses_tensor_parallel<Plan>
-                      ? "with the sequence sharded on tp (megatron_sp) is not built yet"
-                      : "without a tensor-parallel policy in the plan");
+    QUINTET_CHECK(d.tp == 1 || parallel::uses_tensor_parallel<Plan>,
+                  "moe '{}': tp = {} without a tensor-parallel policy in the plan; a "
+                  "mixture-of-experts layer splits its experts over tp under tp<megatron_1d>",
+                  name, d.tp);
   } else {
     (void)name, (void)mesh;
   }
 }
 
 namespace detail {
-// Under a plan that splits the tokens over sp: the sp group's tokens in serial order, per sequence
-// length; otherwise nothing.
-template <class Plan, class Mesh, bool = parallel::splits_tokens_over_sp<Plan>>
+// Under a plan that splits the tokens over sp (or shards them over tp): the group's tokens in
+// serial order, per sequence length; otherwise nothing.
+template <class Plan, class Mesh,
+          bool = parallel::splits_tokens_over_sp<Plan> ||
+                 (parallel::uses_tensor_parallel<Plan> && parallel::shards_sequence_on_tp<Plan>)>
 struct moe_sequence_tokens {
   struct type {};
 };
@@ -135,6 +150,11 @@ class moe {
   static constexpr bool tensor_parallel = parallel::uses_tensor_parallel<Plan>;
   // Tokens split over sp (ulysses, ring): the router decides over the sp group's tokens together.
   static constexpr bool sequence_parallel = parallel::splits_tokens_over_sp<Plan>;
+  // Tokens sharded over tp (megatron_sp): the tp group routes as one group and gathers its tokens
+  // for the experts, every tp rank holding a slice of every expert.
+  static constexpr bool tokens_sharded_on_tp =
+      tensor_parallel && parallel::shards_sequence_on_tp<Plan>;
+  static constexpr bool routes_over_group = sequence_parallel || tokens_sharded_on_tp;
   using exchange_type = typename parallel::expert_exchange_for<Plan, Mesh>::type;
 
  public:
@@ -163,10 +183,10 @@ class moe {
                   "moe '{}': {} routing groups under expert parallelism; each ep rank routes its "
                   "own tokens as one group",
                   name_, options.groups);
-    QUINTET_CHECK(sp_ranks() == 1 || options.groups == 1,
-                  "moe '{}': {} routing groups with the tokens split over sp = {}; the sp group's "
+    QUINTET_CHECK(group_ranks() == 1 || options.groups == 1,
+                  "moe '{}': {} routing groups with the tokens split over {} = {}; the {} group's "
                   "tokens route as one group",
-                  name_, options.groups, sp_ranks());
+                  name_, options.groups, group_axis_name(), group_ranks(), group_axis_name());
     const parallel::expert_ownership own = ownership();
     // This rank's experts, under their global names and shapes; under ep owned by this ep rank,
     // under tp its slice of the hidden units (fc rows, proj columns; proj's bias whole).
@@ -196,20 +216,26 @@ class moe {
                   d_model_);
     const std::int64_t tokens = x.numel() / d_model_;
     const auto rows = reshape(x, shape{tokens, d_model_});
-    if constexpr (sequence_parallel) {
-      if (sp_ranks() > 1) {
-        QUINTET_CHECK(x.rank() == 3,
-                      "moe '{}': under sequence parallelism the input is (batch, this rank's "
-                      "positions, d), got {}",
-                      name_, x.shape());
-        last_ = router_.forward(ctx, rows, routing_tokens(x.shape()[1]));
+    if constexpr (routes_over_group) {
+      if (group_ranks() > 1) {
+        check_sharded_sequence(x, "input");
+        last_ = router_.forward(
+            ctx, rows, routing_tokens(x.shape()[1]),
+            tokens_sharded_on_tp ? group_routing::own_rows_and_group : group_routing::own_rows);
       } else {
         last_ = router_.forward(ctx, rows);
       }
     } else {
       last_ = router_.forward(ctx, rows);
     }
-    const auto& position = ctx.template get<std::int32_t>(router_.name() + ".position");
+    // The tokens the experts compute: this rank's, or under Megatron-SP the tp group's.
+    quintet::tensor<T, Device> group_x;
+    if constexpr (tokens_sharded_on_tp)
+      if (gathers_tokens()) group_x = parallel::gather_sequence(mesh_->tp(), x);  // (b, s, d)
+    const auto expert_rows =
+        gathers_tokens() ? reshape(group_x.view(), shape{group_x.numel() / d_model_, d_model_})
+                         : rows;
+    const auto& position = ctx.template get<std::int32_t>(decision(".position"));
     if constexpr (expert_parallel) {
       const std::vector<std::int64_t> received =
           exchange_.exchange_counts(kept_counts(ctx), last_.capacity);
@@ -225,10 +251,10 @@ class moe {
     auto& dispatched = ctx.template save<T>(name_ + ".dispatched", shape{here, d_model_});
     if constexpr (expert_parallel) {
       quintet::tensor<T, Device> permuted(shape{sent_rows(ctx), d_model_});  // by expert
-      kernels::permute_rows(exec_, rows, position, permuted);
+      kernels::permute_rows(exec_, expert_rows, position, permuted);
       exchange_.dispatch(counts(ctx), permuted.view(), dispatched.view());
     } else {
-      kernels::permute_rows(exec_, rows, position, dispatched);
+      kernels::permute_rows(exec_, expert_rows, position, dispatched);
     }
     auto& h = ctx.template save<T>(name_ + ".fc_output", shape{here, hidden_here_});  // before GELU
     kernels::grouped_matmul(exec_, dispatched, offsets, values(fc_weight_, offsets), h,
@@ -237,12 +263,14 @@ class moe {
     auto& a = ctx.template save<T>(name_ + ".gelu_output", shape{here, hidden_here_});
     kernels::gelu_forward(exec_, h, a);
     // The experts' output, in this rank's permuted order (under ep: combined back); under tp the
-    // partial products summed over tp before the bias.
+    // partial products summed over tp before the bias. Gathered tokens stay partial until the
+    // reduce-scatter below, and tp rank 0's part carries the bias.
     const auto experts_output = [&](auto&& out) {
       kernels::grouped_matmul(exec_, a, offsets, values(proj_weight_, offsets), out,
                               {.transpose_b = true});
-      parallel::sum_partial_over_tp<Plan>(mesh_, out);
-      kernels::grouped_bias_add(exec_, out, offsets, values(proj_bias_, offsets));
+      if (!gathers_tokens()) parallel::sum_partial_over_tp<Plan>(mesh_, out);
+      if (holds_proj_bias())
+        kernels::grouped_bias_add(exec_, out, offsets, values(proj_bias_, offsets));
     };
     auto& out = ctx.template save<T>(name_ + ".expert_output", shape{sent_rows(ctx), d_model_});
     if constexpr (expert_parallel) {
@@ -253,9 +281,16 @@ class moe {
       experts_output(out);
     }
 
+    const auto& gate = ctx.template get<T>(decision(".gate"));
+    if constexpr (tokens_sharded_on_tp) {
+      if (gathers_tokens()) {
+        quintet::tensor<T, Device> partial(group_x.shape());  // every token, this rank's part
+        kernels::unpermute_rows(exec_, out, position, gate, reshape(partial, expert_rows.shape()));
+        return parallel::reduce_scatter_sequence(mesh_->tp(), partial.view());
+      }
+    }
     quintet::tensor<T, Device> y(x.shape());  // (..., d)
-    kernels::unpermute_rows(exec_, out, position, ctx.template get<T>(router_.name() + ".gate"),
-                            reshape(y, shape{tokens, d_model_}));
+    kernels::unpermute_rows(exec_, out, position, gate, reshape(y, shape{tokens, d_model_}));
     return y;
   }
 
@@ -273,22 +308,30 @@ class moe {
   // gradients go to the experts' owners and the input gradients come back).
   quintet::tensor<T, Device> backward_input(context<Device>& ctx, tensor_view<const T, Device> dy,
                                             double aux_loss_scale = 1.0) {
-    const auto& position = ctx.template get<std::int32_t>(router_.name() + ".position");
-    const std::int64_t tokens = position.shape()[0];
-    QUINTET_CHECK(
-        dy.rank() >= 1 && dy.shape()[dy.rank() - 1] == d_model_ && dy.numel() == tokens * d_model_,
-        "moe '{}': output gradient {} does not match the forward's {} tokens of {}", name_,
-        dy.shape(), tokens, d_model_);
-    const auto dy_rows = reshape(dy, shape{tokens, d_model_});
+    const auto& position = ctx.template get<std::int32_t>(decision(".position"));
+    const std::int64_t tokens = position.shape()[0];  // the experts' tokens (gathered: the group's)
+    quintet::tensor<T, Device> group_dy;
+    if constexpr (tokens_sharded_on_tp) {
+      if (gathers_tokens()) {
+        check_sharded_sequence(dy, "output gradient");
+        group_dy = parallel::gather_sequence(mesh_->tp(), dy);
+      }
+    }
+    const tensor_view<const T, Device> expert_dy = gathers_tokens() ? group_dy.view() : dy;
+    QUINTET_CHECK(expert_dy.rank() >= 1 && expert_dy.shape()[expert_dy.rank() - 1] == d_model_ &&
+                      expert_dy.numel() == tokens * d_model_,
+                  "moe '{}': output gradient {} does not match the forward's {} tokens of {}",
+                  name_, dy.shape(), tokens, d_model_);
+    const auto dy_rows = reshape(expert_dy, shape{tokens, d_model_});
     const std::vector<std::int64_t> offsets = group_offsets(ctx);
     const std::int64_t here = offsets.back(), sent = sent_rows(ctx);
 
     auto& dout = ctx.template save<T>(name_ + ".expert_output_grad", shape{here, d_model_});
-    quintet::tensor<T, Device> dgate(position.shape());  // (tokens, k)
+    quintet::tensor<T, Device> dgate(position.shape());  // (tokens, k); gathered: partial
     const auto gate = [&](auto&& drows) {
       kernels::unpermute_rows_backward(exec_, dy_rows,
                                        ctx.template get<T>(name_ + ".expert_output"), position,
-                                       ctx.template get<T>(router_.name() + ".gate"), drows, dgate);
+                                       ctx.template get<T>(decision(".gate")), drows, dgate);
     };
     if constexpr (expert_parallel) {
       quintet::tensor<T, Device> dout_sent(shape{sent, d_model_});  // by expert, this rank's
@@ -303,18 +346,32 @@ class moe {
     kernels::gelu_backward(exec_, ctx.template get<T>(name_ + ".fc_output"), da, dh);
     quintet::tensor<T, Device> ddispatched(shape{here, d_model_});
     kernels::grouped_matmul(exec_, dh, offsets, values(fc_weight_, offsets), ddispatched);
-    parallel::sum_partial_over_tp<Plan>(mesh_, ddispatched);  // each rank's hidden units' part
+    if (!gathers_tokens())  // each rank's hidden units' part (gathered: reduce-scattered below)
+      parallel::sum_partial_over_tp<Plan>(mesh_, ddispatched);
     if constexpr (expert_parallel) {
       quintet::tensor<T, Device> back(shape{sent, d_model_});  // this rank's rows, by expert
       exchange_.combine(counts(ctx), ddispatched.view(), back.view());
       ddispatched = std::move(back);
     }
 
-    quintet::tensor<T, Device> dx(dy.shape());  // (..., d)
-    const auto dx_rows = reshape(dx, shape{tokens, d_model_});
-    kernels::unpermute_rows(exec_, ddispatched, position, dx_rows);  // the experts' part
+    quintet::tensor<T, Device> dx(expert_dy.shape());  // (..., d)
+    kernels::unpermute_rows(exec_, ddispatched, position,
+                            reshape(dx, shape{tokens, d_model_}));  // the experts' part
+    const std::int64_t k = position.shape()[1];
+    quintet::tensor<T, Device> dgate_here;
+    if constexpr (tokens_sharded_on_tp) {
+      if (gathers_tokens()) {  // this rank's rows of the sums over tp
+        dx = parallel::reduce_scatter_sequence(mesh_->tp(), dx.view());
+        dgate_here = parallel::reduce_scatter_sequence(
+            mesh_->tp(), reshape(dgate.view(), expert_dy.shape().with_extent(2, k)));
+      }
+    }
+    const auto dgate_rows = gathers_tokens()
+                                ? reshape(dgate_here.view(), shape{dgate_here.numel() / k, k})
+                                : dgate.view();
+    const auto dx_rows = reshape(dx, shape{dx.numel() / d_model_, d_model_});
     const quintet::tensor<T, Device> dx_router =
-        router_.backward_input(ctx, dgate.view(), aux_loss_scale, sp_ranks());  // (tokens, d)
+        router_.backward_input(ctx, dgate_rows, aux_loss_scale, group_ranks());  // (rows, d)
     kernels::add(exec_, dx_rows, dx_router, dx_rows);
     return dx;
   }
@@ -329,7 +386,8 @@ class moe {
     const auto& dh = ctx.template get<T>(name_ + ".fc_output_grad");
     kernels::grouped_weight_gradient(exec_, dout, ctx.template get<T>(name_ + ".gelu_output"),
                                      offsets, grads(proj_weight_, offsets));
-    kernels::grouped_bias_grad(exec_, dout, offsets, grads(proj_bias_, offsets));
+    if (holds_proj_bias())
+      kernels::grouped_bias_grad(exec_, dout, offsets, grads(proj_bias_, offsets));
     kernels::grouped_weight_gradient(exec_, dh, ctx.template get<T>(name_ + ".dispatched"), offsets,
                                      grads(fc_weight_, offsets));
     kernels::grouped_bias_grad(exec_, dh, offsets, grads(fc_bias_, offsets));
@@ -345,6 +403,8 @@ class moe {
     for (const char* entry : {".expert_output", ".fc_output"}) ctx.erase(name_ + entry);
     for (const char* entry : {".probs", ".lse", ".expert", ".gate", ".position", ".routed"})
       ctx.erase(router_.name() + entry);
+    if (gathers_tokens())
+      for (const char* entry : {".gate", ".position"}) ctx.erase(router_.name() + ".group" + entry);
   }
 
   // The last forward's routing: tokens per expert (before and after capacity), the dropped
@@ -382,25 +442,56 @@ class moe {
                         weight_decay::exempt);
   }
 
-  // The sp group's tokens for sequences of which this rank holds `rows` positions (the sequence
-  // style's layout), built at the first forward of each length; building is collective over sp,
-  // so every sp rank must see the same lengths in the same order (the trainer's batches do).
-  auto& routing_tokens(std::int64_t rows) requires sequence_parallel {
-    const std::int64_t seq = rows * sp_ranks();
+  // The routing group's tokens for sequences of which this rank holds `rows` positions (the
+  // sequence style's layout), built at the first forward of each length; building is collective
+  // over the group, so its ranks must see the same lengths in the same order (the trainer's
+  // batches do).
+  auto& routing_tokens(std::int64_t rows) requires routes_over_group {
+    const std::int64_t seq = rows * group_ranks();
     auto found = tokens_.find(seq);
     if (found == tokens_.end())
       found = tokens_
-                  .try_emplace(seq, mesh_->sp(),
+                  .try_emplace(seq, routing_group(),
                                parallel::sequence_of<Plan>::activation_layout(mesh_, seq), seq)
                   .first;
     return found->second;
   }
-  // The ranks whose tokens route together: sp under a plan that splits them, else 1.
-  std::int64_t sp_ranks() const {
+  // The ranks whose tokens route together: sp where the plan splits the tokens over sp, tp where
+  // it shards them over tp (megatron_sp); without either (or a mesh), this rank alone.
+  auto& routing_group() const requires routes_over_group {
     if constexpr (sequence_parallel)
-      return mesh_ == nullptr ? 1 : mesh_->degrees().sp;
+      return mesh_->sp();
+    else
+      return mesh_->tp();
+  }
+  std::int64_t group_ranks() const {
+    if constexpr (routes_over_group)
+      return mesh_ == nullptr ? 1 : routing_group().size();
     else
       return 1;
+  }
+  static constexpr const char* group_axis_name() { return tokens_sharded_on_tp ? "tp" : "sp"; }
+  // Megatron-SP over more than one tp rank: the experts compute the tp group's gathered tokens.
+  bool gathers_tokens() const { return tokens_sharded_on_tp && group_ranks() > 1; }
+  // Whether this rank's experts add the proj bias (and take its gradient): every rank's, except
+  // with gathered tokens, whose partial outputs summed over tp must add it once.
+  bool holds_proj_bias() const {
+    if constexpr (tokens_sharded_on_tp)
+      return !gathers_tokens() || mesh_->tp().rank() == 0;
+    else
+      return true;
+  }
+  // The router's entry the experts read: this rank's decisions, or with gathered tokens the
+  // group's.
+  std::string decision(const char* entry) const {
+    return router_.name() + (gathers_tokens() ? ".group" : "") + entry;
+  }
+  template <class View>
+  void check_sharded_sequence(const View& t, const char* what) const {
+    QUINTET_CHECK(t.rank() == 3,
+                  "moe '{}': with the tokens split over {} the {} is (batch, this rank's "
+                  "positions, d), got {}",
+                  name_, group_axis_name(), what, t.shape());
   }
 
   // The hidden units of each expert this rank holds: hidden / tp (hidden without tp).
@@ -431,10 +522,11 @@ class moe {
     }
   }
 
-  // The router's kept rows per expert (E), what this rank sends. The counts are read on the host
-  // (from cuda: a small copy each time), since the grouped products' offsets are host numbers.
+  // The router's kept rows per expert (E), what this rank sends (gathered tokens: the group's). The
+  // counts are read on the host (from cuda: a small copy each time), since the grouped products'
+  // offsets are host numbers.
   std::vector<std::int64_t> kept_counts(const context<Device>& ctx) const {
-    return values_on_host(ctx.template get<std::int64_t>(router_.name() + ".kept"));
+    return values_on_host(ctx.template get<std::int64_t>(decision(".kept")));
   }
   std::int64_t sent_rows(const context<Device>& ctx) const {
     const auto kept = kept_counts(ctx);
@@ -480,7 +572,7 @@ class moe {
   std::int64_t d_model_;
   std::int64_t experts_;
   [[no_unique_address]] exchange_type exchange_;  // under ep: the ep group's exchange
-  Mesh* mesh_;  // under tp: the experts' partials summed there; under sp: the routing group
+  Mesh* mesh_;  // under tp: the experts' partials summed there; under sp or megatron_sp: routing
   [[no_unique_address]] typename detail::moe_sequence_tokens<Plan, Mesh>::type tokens_;
   std::int64_t hidden_here_;                      // hidden units of each expert on this rank
   router<T, Device> router_;

@@ -13,6 +13,9 @@
 // Tokens split over a sequence-parallel group (forward with parallel::sequence_tokens): the group
 // routes as one group of the serial router, from its logits gathered in serial order; each rank
 // keeps its own rows' decisions, positions into its own permuted buffer, and its own kept counts.
+// A caller whose experts compute every token of the group (Megatron-SP, whose tp ranks gather the
+// tokens) asks for the whole group's decisions as well: <name>.group.gate, .group.position and
+// .group.kept, the entries the serial router would keep for all of the group's tokens.
 //
 // What one forward decides is kept in the context, on the layer's device (read by the MoE layer).
 // The host gets copies of the counts (each group's kept ones fix where the next group's rows
@@ -45,6 +48,10 @@
 namespace quintet::nn {
 
 using kernels::drop_order;
+
+// What a forward over a group of ranks keeps: this rank's rows' decisions only, or the whole
+// group's as well (router::forward with sequence_tokens).
+enum class group_routing { own_rows, own_rows_and_group };
 
 struct router_options {
   std::int64_t experts = 4;
@@ -164,9 +171,12 @@ class router {
   // buffer (expert-major, serial token order within an expert), `kept` its own rows per expert.
   // `routed` stays the group's (backward's f_e). The statistics are the group's, the same on
   // every rank. Collective over the group; backward_input then takes group_ranks = its ranks.
+  // With group_routing::own_rows_and_group the whole group's gates, positions and kept counts are
+  // kept too, under <name>.group.*.
   template <class Comm>
   routing_statistics forward(context<Device>& ctx, tensor_view<const T, Device> x,
-                             parallel::sequence_tokens<Comm>& tokens) {
+                             parallel::sequence_tokens<Comm>& tokens,
+                             group_routing keep = group_routing::own_rows) {
     check_input(x);
     QUINTET_CHECK(options_.groups == 1,
                   "router '{}': {} routing groups, and the tokens split over sequence "
@@ -190,6 +200,16 @@ class router {
     share(".gate", k, T{});
     auto& routed = ctx.template save<std::int64_t>(name_ + ".routed", shape{1, options_.experts});
     copy(routed, whole.template get<std::int64_t>(name_ + ".routed"));
+    if (keep == group_routing::own_rows_and_group) {
+      const auto keep_whole = [&](const std::string& entry, auto element) {
+        using E = decltype(element);
+        const auto& all = whole.template get<E>(name_ + entry);
+        copy(ctx.template save<E>(name_ + ".group" + entry, all.shape()), all);
+      };
+      keep_whole(".gate", T{});
+      keep_whole(".position", std::int32_t{});
+      keep_whole(".kept", std::int64_t{});
+    }
 
     // This rank's kept assignments in the whole buffer's order, numbered from 0.
     const auto all_position = values_on_host(whole.template get<std::int32_t>(name_ + ".position"));
