@@ -124,11 +124,6 @@ void check_expert_options(const program_options& options) {
                 "the library composes them, plan<dp<...>, tp<...>, sp<{}>, ep<top_k<K>>>, and "
                 "--sp-style {} runs the experts without --ep",
                 options.ep, options.sp_style, options.sp_style, options.sp_style);
-  QUINTET_CHECK(
-      options.sample_tokens == 0 || options.ep == 1,
-      "--experts {} over --ep {}: samples need every expert on every rank (nn::gpt_decoder "
-      "has no all-to-all dispatch); give --sample-tokens 0",
-      m.experts, options.ep);
 }
 
 // The degrees against each other and the world, with the reason when they do not fit.
@@ -424,8 +419,8 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   auto* sample_tokens_option =
       app.add_option("--sample-tokens", options.sample_tokens,
-                     "tokens per sample (0: no samples; with --pp or --ep off unless given, and "
-                     "refused; with --device cuda off unless given)")
+                     "tokens per sample (0: no samples; with --pp off unless given, and refused; "
+                     "with --device cuda off unless given)")
           ->capture_default_str()
           ->check(CLI::NonNegativeNumber);
   app.add_option("--prompt-tokens", options.prompt_tokens,
@@ -511,8 +506,6 @@ int main(int argc, char** argv) {
   // Generation needs the whole model on one rank: a pipeline run samples nothing unless asked
   // (and then refuses, saying why).
   if (options.pp > 1 && sample_tokens_option->count() == 0) options.sample_tokens = 0;
-  // Nor do experts split over ep (the decoder needs every expert on every rank).
-  if (options.ep > 1 && sample_tokens_option->count() == 0) options.sample_tokens = 0;
   // Nor a GPU run (the decoder reads host parameters).
   if (options.device == "cuda" && sample_tokens_option->count() == 0) options.sample_tokens = 0;
 

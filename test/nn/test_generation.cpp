@@ -317,24 +317,73 @@ TEST_CASE("a MoE model's decoder computes its dropless forward, serially and und
                                     "2), but the registry has no 'blocks.1.moe.router.weight'"));
 }
 
-TEST_CASE("a decoder refuses experts split over ep", "[nn][generation][moe]") {
-  using ep_plan = quintet::plan<par::dp<par::zero<0>>, par::ep<par::top_k<2>>>;
-  nn::gpt_config config = parallel_model;
-  config.experts = 4;
-  config.top_k = 2;
-  std::vector<std::string> errors(2);
-  quintet::thread_world{2}.run([&](quintet::thread_comm& world) {
-    mesh_type mesh(world, {.dp = 2, .ep = 2});
-    nn::parameter_registry<float, host> registry(21, mesh, ep_plan{});
-    nn::gpt<float, host, ep_plan, mesh_type> model(registry, exec, config, &mesh);
-    try {
-      nn::gpt_decoder<float, host, ep_plan, mesh_type> decoder(registry, exec, config, &mesh);
-    } catch (const quintet::error& e) {
-      errors[static_cast<std::size_t>(world.rank())] = e.what();
-    }
+namespace {
+
+// Each rank's logits (double) of the prompt, then of single tokens through the cache, and greedy
+// tokens (cached, then recomputed) under `Plan` over a mesh of `degrees`.
+struct rank_generation {
+  std::vector<double> logits;  // the prompt's, then each next token's, one after the other
+  std::vector<std::int32_t> cached, recomputed;
+  int tp_rank = 0;
+};
+template <class Plan>
+std::vector<rank_generation> generation_on_ranks(quintet::mesh_degrees degrees,
+                                                 const nn::gpt_config& config) {
+  const int world_size = degrees.dp * degrees.tp * degrees.sp;
+  std::vector<rank_generation> out(static_cast<std::size_t>(world_size));
+  const nn::sampling_options greedy{.temperature = 0.0};
+  quintet::thread_world{world_size}.run([&](quintet::thread_comm& world) {
+    const quintet::execution<host> rank_exec(1);
+    mesh_type mesh(world, degrees);
+    nn::parameter_registry<double, host> registry(21, mesh, Plan{});
+    nn::gpt<double, host, Plan, mesh_type> model(registry, rank_exec, config, &mesh);
+    nn::gpt_decoder<double, host, Plan, mesh_type> decoder(registry, rank_exec, config, &mesh);
+    const std::vector<std::int32_t> prompt = parallel_prompt;
+    rank_generation& r = out[static_cast<std::size_t>(world.rank())];
+    r.tp_rank = mesh.tp().rank();
+    // One token at a time sends every assignment of a step to one ep rank's experts now and then.
+    auto cache = decoder.make_cache();
+    const auto step = [&](std::span<const std::int32_t> tokens) {
+      const auto logits = decoder.forward(
+          cache, quintet::tensor_view<const std::int32_t, host>(
+                     tokens.data(), shape{1, static_cast<std::int64_t>(tokens.size())}));
+      r.logits.insert(r.logits.end(), logits.data(), logits.data() + logits.numel());
+    };
+    step(prompt);
+    for (const std::int32_t token : {3, 9, 0, 5, 5, 1, 10, 4}) step(std::span(&token, 1));
+    r.cached = nn::generate(decoder, parallel_prompt, 30, greedy);
+    r.recomputed =
+        nn::generate(decoder, parallel_prompt, 30, greedy, nn::generation_mode::recompute);
   });
-  for (const auto& message : errors)
-    CHECK_THAT(message, Catch::Contains("the model's 4 experts are split over ep = 2"));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a decoder under ep computes the logits of the model without ep, bit for bit",
+          "[nn][generation][moe][parallel]") {
+  // Every ep rank computes its experts' rows and the all-reduce over ep adds zeros to the others:
+  // the same rows, in the same order, as the decoder holding every expert.
+  using dense_plan = quintet::plan<par::dp<par::zero<0>>, par::tp<par::megatron_1d>>;
+  using ep_plan =
+      quintet::plan<par::dp<par::zero<0>>, par::tp<par::megatron_1d>, par::ep<par::top_k<2>>>;
+  const nn::gpt_config config = dropless_moe(parallel_model, 2, 1);
+  const auto serial = serial_tokens<double>(30, {.temperature = 0.0}, config);
+  CHECK(std::set<std::int32_t>(serial.begin(), serial.end()).size() > 2);
+  for (const int tp : {1, 2}) {
+    INFO("dp 2 over ep 2, tp " << tp);
+    // The same model without ep at the same tp (more dp ranks would be copies).
+    const auto without_ep = generation_on_ranks<dense_plan>({.tp = tp}, config);
+    const auto with_ep = generation_on_ranks<ep_plan>({.dp = 2, .tp = tp, .ep = 2}, config);
+    for (std::size_t rank = 0; rank < with_ep.size(); ++rank) {
+      INFO("rank " << rank);
+      const rank_generation& mine = with_ep[rank];
+      const rank_generation& reference = without_ep.at(static_cast<std::size_t>(mine.tp_rank));
+      CHECK(mine.logits == reference.logits);
+      CHECK(mine.cached == serial);
+      CHECK(mine.recomputed == serial);
+    }
+  }
 }
 
 TEST_CASE("a decoder refuses a registry of another plan", "[nn][generation]") {

@@ -9,9 +9,10 @@
 // the products run over each rank's rows (or hidden units) instead of all of them, and the sums
 // over the group add in another order. Also: sequence_tokens' gather and split on their own, and
 // what it refuses; the traffic on counting ranks (the positions gathered once per sequence length,
-// the logits every forward, nothing in backward); and the MoE GPT in the trainer with its tokens
-// split over sp (ring, ulysses), alone and with tp, ep and pp, against the serial MoE GPT
-// (train::check_parity, the tolerances of the other MoE parity tests).
+// the logits every forward, nothing in backward; under Megatron-SP also the tokens' gathers and
+// reduce-scatters, those of the dense MLP); and the MoE GPT in the trainer with its tokens split
+// over sp (ring, ulysses) or tp (megatron_sp), alone and with tp, ep and pp, against the serial
+// MoE GPT (train::check_parity, the tolerances of the other MoE parity tests).
 #include <catch2/catch.hpp>
 
 #include "gpt_parity.hpp"
@@ -36,6 +37,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -92,15 +94,12 @@ std::vector<double> region_values(const std::vector<double>& whole, const quinte
   return picked;
 }
 
-// Random biases, the serial ones on every rank (a tp rank gets its slice of them).
+// Random biases, the serial ones on every rank (a tp rank draws its slice of them).
 void random_biases(registry_type& registry) {
   for (auto& p : registry)
-    if (p.name.ends_with(".bias")) {
-      host_tensor whole(p.global_shape);
-      quintet::fill_normal(whole, {.seed = 5, .stream = quintet::rng_stream_for(p.name)}, 0.0, 0.3);
-      const std::vector<double> mine = region_values(values_of(whole), p.local);
-      std::copy(mine.begin(), mine.end(), p.value.data());
-    }
+    if (p.name.ends_with(".bias"))
+      quintet::fill_normal(p.value, {.seed = 5, .stream = quintet::rng_stream_for(p.name)}, 0.0,
+                           0.3, p.local);
 }
 
 // This rank's rows of a (batch, seq, d) tensor under the style's layout.
@@ -137,11 +136,13 @@ struct routing_seen {
   std::vector<std::vector<std::int64_t>> kept_here;  // per rank of the group
 };
 
-// One check: the serial layer over (batch, seq) tokens against the `sp` ranks of Style's group
-// (token_group); `steer` sets the router's weights on both sides alike.
+// One check: the serial layer over (batch, seq) tokens against the `group` ranks of Style's
+// token group; `steer` sets the router's weights on both sides alike. The parallel layer runs its
+// backward split (input pass, drop_input_pass_tensors, weight pass), as zero-bubble schedules
+// and recomputation do.
 template <class Style>
 routing_seen check_sequence_parallel_moe(
-    int sp, std::int64_t seq, const moe_options& options,
+    int group, std::int64_t seq, const moe_options& options,
     const std::function<void(registry_type&)>& steer = [](registry_type&) {}) {
   host_tensor x(shape{batch, seq, d_model}), dy(shape{batch, seq, d_model});
   quintet::fill_normal(x, {.seed = 21}, 0.0, 1.0);
@@ -174,10 +175,10 @@ routing_seen check_sequence_parallel_moe(
     std::map<std::string, std::vector<double>> slice, expected_slice;  // the experts' tp slices
     std::map<std::string, quintet::mesh_axis_set> partial;
   };
-  std::vector<rank_result> ranks(static_cast<std::size_t>(sp));
+  std::vector<rank_result> ranks(static_cast<std::size_t>(group));
   using plan = typename token_group<Style>::plan;
-  quintet::thread_world{sp}.run([&](quintet::thread_comm& world) {
-    mesh_type mesh(world, token_group<Style>::degrees(sp));
+  quintet::thread_world{group}.run([&](quintet::thread_comm& world) {
+    mesh_type mesh(world, token_group<Style>::degrees(group));
     registry_type registry(seed, mesh, plan{});
     quintet::nn::moe<double, host, plan, mesh_type> layer(registry, exec, "moe", d_model, hidden,
                                                           options, &mesh);
@@ -187,9 +188,14 @@ routing_seen check_sequence_parallel_moe(
     quintet::nn::context<host> ctx;
     r.y = values_of(layer.forward(ctx, rows_of<Style>(x, mesh).view()));
     r.stats = layer.statistics();
-    const auto& kept = ctx.get<std::int64_t>("moe.router.kept");
-    r.kept_here.assign(kept.data(), kept.data() + kept.numel());
-    r.dx = values_of(layer.backward(ctx, rows_of<Style>(dy, mesh).view()));
+    // This rank's own kept rows (the experts run on them; under megatron_sp on the group's).
+    if (ctx.contains("moe.router.kept")) {
+      const auto& kept = ctx.get<std::int64_t>("moe.router.kept");
+      r.kept_here.assign(kept.data(), kept.data() + kept.numel());
+    }
+    r.dx = values_of(layer.backward_input(ctx, rows_of<Style>(dy, mesh).view()));
+    layer.drop_input_pass_tensors(ctx);
+    layer.backward_weight(ctx);
     r.expected_y = values_of(rows_of<Style>(serial.y, mesh));
     r.expected_dx = values_of(rows_of<Style>(serial.dx, mesh));
     for (auto& p : registry) {
@@ -205,8 +211,8 @@ routing_seen check_sequence_parallel_moe(
       }
     }
   });
-  for (int rank = 0; rank < sp; ++rank) {
-    INFO("sp rank " << rank << " of " << sp);
+  for (int rank = 0; rank < group; ++rank) {
+    INFO("rank " << rank << " of " << group);
     const rank_result& r = ranks[static_cast<std::size_t>(rank)];
     require_close(r.y, r.expected_y, "y");
     require_close(r.dx, r.expected_dx, "dx");
@@ -235,6 +241,7 @@ routing_seen check_sequence_parallel_moe(
     }
   }
   routing_seen seen{.serial = serial.stats, .kept_here = {}};
+  if (std::is_same_v<Style, qp::megatron_sp>) return seen;  // no own rows' counts kept
   for (const rank_result& r : ranks) seen.kept_here.push_back(r.kept_here);
   // The ranks' own rows per expert add up to the group's.
   for (std::size_t e = 0; e < serial.stats.kept.size(); ++e) {
@@ -352,10 +359,14 @@ TEST_CASE("a MoE layer with its tokens split over sp routes them as the serial l
     CHECK(seen.serial.dropped_tokens == batch * 8 - 3);
     CHECK(seen.kept_here.at(0) == std::vector<std::int64_t>{3, 0, 0, 0});
     CHECK(seen.kept_here.at(1) == std::vector<std::int64_t>{0, 0, 0, 0});  // no rows at all
+    // Megatron-SP alike: rank 1's rows all dropped, three experts computing nothing.
+    const auto megatron = check_sequence_parallel_moe<qp::megatron_sp>(
+        2, 8, layer_options(1, 0.75, drop_order::position), zero_router);
+    CHECK(megatron.serial.kept == std::vector<std::int64_t>{3, 0, 0, 0});
   }
 }
 
-TEMPLATE_TEST_CASE("a MoE layer over sp refuses what it cannot route, on every rank",
+TEMPLATE_TEST_CASE("a MoE layer over sp or Megatron-SP refuses what it cannot route, on every rank",
                    "[parity][sequence][expert]", qp::ring, qp::megatron_sp) {
   using plan = typename token_group<TestType>::plan;
   const std::string axis(quintet::name_of(token_group<TestType>::axis));

@@ -22,8 +22,12 @@
 //                        outputs, as nn::moe; under tp each expert's hidden units stay split and
 //                        its partial output is all-reduced over tp. So the decoder computes the
 //                        model's forward wherever that forward drops nothing (always for a model
-//                        trained dropless, capacity factor 0). Experts split over ep > 1 (a rank
-//                        holds only its own) are refused at construction. Tested on the host.
+//                        trained dropless, capacity factor 0). Under ep every rank of an ep group
+//                        has the same tokens and routes them alike, computes the rows of the
+//                        experts it holds, and one all-reduce over ep of the experts' outputs
+//                        (the others' rows zero there, so the sum is exact) gives every rank
+//                        every row: the logits equal those of the model without ep, bit for bit.
+//                        Tested on the host.
 //
 //   forward(cache, tokens (batch, n))  positions [cache.length(), cache.length() + n)
 //     -> logits (batch, n, vocab), the same on every rank; cache.length() grows by n
@@ -49,6 +53,7 @@
 #include <quintet/parallel/sequence/sequence_collectives.hpp>
 #include <quintet/parallel/tensor/vocab_shard.hpp>
 #include <quintet/tensor/copy.hpp>
+#include <quintet/tensor/fill.hpp>
 #include <quintet/tensor/reshape.hpp>
 #include <quintet/tensor/slice.hpp>
 #include <quintet/tensor/tensor.hpp>
@@ -88,6 +93,7 @@ class gpt_decoder {
                 "nn::gpt_decoder runs every block on every rank: a plan with parallel::pp<...> "
                 "holds only some blocks per rank");
   static constexpr bool tensor_parallel = parallel::uses_tensor_parallel<Plan>;
+  static constexpr bool expert_parallel = parallel::uses_expert_parallel<Plan>;
   using reduce_plan = typename detail::decoder_plan<Plan>::type;
   using stat_type = kernels::accumulator_t<T>;
   static constexpr double layer_norm_eps = 1e-5;  // nn::layer_norm's default, which gpt uses
@@ -97,12 +103,12 @@ class gpt_decoder {
   // train::trainer registered them; `mesh` is this rank's mesh (null for the serial model).
   gpt_decoder(parameter_registry<T, Device>& registry, const execution<Device>& exec,
               const gpt_config& config, Mesh* mesh = nullptr)
-      : exec_(exec), config_((config.validate(), config)), mesh_(required(mesh)) {
-    QUINTET_CHECK(config.experts == 0 || ep_size(mesh_) == 1,
-                  "gpt_decoder: the model's {} experts are split over ep = {} under {}, so a rank "
-                  "holds only its own; generation needs every expert on every rank (the "
-                  "all-to-all dispatch is not built into the decoder)",
-                  config.experts, ep_size(mesh_), Plan::name());
+      : exec_(exec),
+        config_((config.validate(), config)),
+        mesh_(required(mesh)),
+        experts_here_(config.experts == 0 ? parallel::expert_ownership{}
+                                          : parallel::expert_ownership::of(
+                                                config.experts, ep_size(mesh_), ep_rank(mesh_))) {
     const int tp = tp_size(mesh_);
     QUINTET_CHECK(config.heads % tp == 0, "gpt_decoder: {} heads do not divide over tp = {}",
                   config.heads, tp);
@@ -124,7 +130,7 @@ class gpt_decoder {
           if (p.name == name) return p;
         QUINTET_FAIL(
             "gpt_decoder: the config makes block {} {}, but the registry has no '{}' (the "
-            "registry of a model with other experts or moe_every?)",
+            "registry of a model with other experts or moe_every, or of another ep degree?)",
             l,
             config.is_moe_block(l) ? fmt::format("a mixture of {} experts (moe_every {})",
                                                  config.experts, config.moe_every)
@@ -136,7 +142,8 @@ class gpt_decoder {
       };
       if (config.is_moe_block(l)) {
         block.router = &part(b + ".moe.router.weight");
-        for (std::int64_t e = 0; e < config.experts; ++e) {
+        for (std::int64_t e = experts_here_.first_expert();
+             e < experts_here_.first_expert() + experts_here_.local_experts(); ++e) {
           const std::string expert = b + ".moe.experts." + std::to_string(e);
           block.expert_fc.push_back(linear(expert + ".fc"));
           block.expert_proj.push_back(linear(expert + ".proj"));
@@ -215,7 +222,8 @@ class gpt_decoder {
     affine_parameters fc{};                  // dense: column-parallel (hidden / tp, d)
     affine_parameters mlp_proj{};            // dense: row-parallel (d, hidden / tp)
     parameter<T, Device>* router = nullptr;  // MoE: (experts, d), replicated
-    std::vector<affine_parameters> expert_fc, expert_proj;  // MoE: per expert, as fc, mlp_proj
+    // MoE: per expert this rank holds (under ep its own), as fc and mlp_proj
+    std::vector<affine_parameters> expert_fc, expert_proj;
   };
 
   static norm_parameters norm(parameter_registry<T, Device>& registry, const std::string& name) {
@@ -240,10 +248,17 @@ class gpt_decoder {
     }
   }
   static int ep_size(Mesh* mesh) {
-    if constexpr (mesh_like<Mesh>) {
-      return mesh->degrees().ep;
+    if constexpr (expert_parallel) {
+      return mesh->ep().size();
     } else {
       return 1;
+    }
+  }
+  static int ep_rank(Mesh* mesh) {
+    if constexpr (expert_parallel) {
+      return mesh->ep().rank();
+    } else {
+      return 0;
     }
   }
   static int tp_rank(Mesh* mesh) {
@@ -383,7 +398,9 @@ class gpt_decoder {
   // A MoE feed-forward on the new rows x (batch, n, d), as nn::moe's forward without a capacity:
   // the router's top k experts of each token, the rows grouped by expert, each expert's
   // proj(gelu(fc(.))) (under tp its partial output summed over tp before the proj bias), and each
-  // token's gated sum of its experts' outputs.
+  // token's gated sum of its experts' outputs. Under ep a rank computes its experts' rows (one
+  // contiguous block of the expert-ordered rows), the others stay zero, and the all-reduce over
+  // ep fills them in: x + 0 is x, so every row is the one its owner computed.
   quintet::tensor<T, Device> mixture(const block_parameters& p,
                                      const quintet::tensor<T, Device>& x) {
     const std::int64_t d = config_.d_model, tokens = x.numel() / d, k = config_.top_k;
@@ -397,25 +414,44 @@ class gpt_decoder {
     kernels::route_top_k(exec_, probs, expert, gate, position, routed, kept,
                          {.k = k, .capacity = 0});
     exec_.synchronize();  // the counts read on the host are the kernel's
-    const std::vector<std::int64_t> offsets = parallel::offsets_of(values_on_host(kept));
-    const std::int64_t assigned = offsets.back(), hidden = p.expert_fc[0].weight->value.shape()[0];
+    const std::vector<std::int64_t> all_offsets = parallel::offsets_of(values_on_host(kept));
+    // This rank's experts' rows, [first, last) of the expert-ordered buffer, and their groups.
+    const std::int64_t first_expert = experts_here_.first_expert();
+    const std::int64_t first = all_offsets[first_expert],
+                       last = all_offsets[first_expert + experts_here_.local_experts()];
+    std::vector<std::int64_t> offsets;
+    for (std::int64_t e = first_expert; e <= first_expert + experts_here_.local_experts(); ++e)
+      offsets.push_back(all_offsets[e] - first);
+    const std::int64_t assigned = all_offsets.back(), here = last - first;
+    const std::int64_t hidden = p.expert_fc[0].weight->value.shape()[0];
     const auto values = [](const std::vector<affine_parameters>& experts, bool bias) {
       std::vector<tensor_view<const T, Device>> views;
       for (const affine_parameters& e : experts)
         views.emplace_back(bias ? e.bias->value : e.weight->value);
       return views;
     };
-    quintet::tensor<T, Device> dispatched(shape{assigned, d}), h(shape{assigned, hidden});
+    quintet::tensor<T, Device> dispatched(shape{assigned, d}), h(shape{here, hidden});
     kernels::permute_rows(exec_, rows, position, dispatched);
-    kernels::grouped_matmul(exec_, dispatched, offsets, values(p.expert_fc, false), h,
-                            {.transpose_b = true});
+    kernels::grouped_matmul(exec_, slice(dispatched, 0, first, last), offsets,
+                            values(p.expert_fc, false), h, {.transpose_b = true});
     kernels::grouped_bias_add(exec_, h, offsets, values(p.expert_fc, true));
-    quintet::tensor<T, Device> a(h.shape()), out(shape{assigned, d});
+    quintet::tensor<T, Device> a(h.shape()), out(shape{here, d});  // this rank's experts' rows
     kernels::gelu_forward(exec_, h, a);
     kernels::grouped_matmul(exec_, a, offsets, values(p.expert_proj, false), out,
                             {.transpose_b = true});
     parallel::sum_partial_over_tp<reduce_plan>(mesh_, out);
     kernels::grouped_bias_add(exec_, out, offsets, values(p.expert_proj, true));
+    if constexpr (expert_parallel) {
+      // unpermute_rows needs every row; zeros in the other ranks' rows make the sum exact. Every
+      // ep rank calls the all-reduce (its degree is theirs too), even one holding every row.
+      if (experts_here_.ranks > 1) {
+        quintet::tensor<T, Device> all_rows(shape{assigned, d});
+        fill(all_rows, T(0));
+        copy(slice(all_rows, 0, first, last), out);
+        mesh_->ep().all_reduce(all_rows, reduce_op::sum);
+        out = std::move(all_rows);
+      }
+    }
     quintet::tensor<T, Device> y(x.shape());
     kernels::unpermute_rows(exec_, out, position, gate, reshape(y, shape{tokens, d}));
     return y;
@@ -443,6 +479,7 @@ class gpt_decoder {
   const execution<Device>& exec_;
   gpt_config config_;
   Mesh* mesh_;
+  parallel::expert_ownership experts_here_;  // the experts this rank holds (all without ep)
   parallel::vocab_shard shard_{};
   std::int64_t local_heads_ = 0, width_ = 0;
   parameter<T, Device>* token_table_ = nullptr;     // (padded vocab / tp, d)

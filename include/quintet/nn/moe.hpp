@@ -209,7 +209,8 @@ class moe {
   moe(parameter_registry<T, Device>&, const execution<Device>&&, std::string, std::int64_t,
       std::int64_t, const moe_options& = {}, Mesh* = nullptr) = delete;
 
-  // x (..., d) -> y (..., d). Under ep: this rank's tokens; collective over the ep group.
+  // x (..., d) -> y (..., d). Under ep: this rank's tokens; collective over the ep group (and over
+  // the routing group: sp under ulysses and ring, tp under megatron_sp).
   quintet::tensor<T, Device> forward(context<Device>& ctx, tensor_view<const T, Device> x) {
     QUINTET_CHECK(x.rank() >= 1 && x.shape()[x.rank() - 1] == d_model_,
                   "moe '{}': input has shape {}, its last dimension must be {}", name_, x.shape(),
@@ -221,7 +222,7 @@ class moe {
         check_sharded_sequence(x, "input");
         last_ = router_.forward(
             ctx, rows, routing_tokens(x.shape()[1]),
-            tokens_sharded_on_tp ? group_routing::own_rows_and_group : group_routing::own_rows);
+            tokens_sharded_on_tp ? group_routing::whole_group : group_routing::own_rows);
       } else {
         last_ = router_.forward(ctx, rows);
       }
@@ -401,10 +402,10 @@ class moe {
   // (the weight pass's groups), the experts' inputs and GELU outputs, the router's input.
   void drop_input_pass_tensors(context<Device>& ctx) {
     for (const char* entry : {".expert_output", ".fc_output"}) ctx.erase(name_ + entry);
-    for (const char* entry : {".probs", ".lse", ".expert", ".gate", ".position", ".routed"})
+    for (const char* entry : {".probs", ".lse", ".expert", ".gate", ".routed"})
       ctx.erase(router_.name() + entry);
-    if (gathers_tokens())
-      for (const char* entry : {".gate", ".position"}) ctx.erase(router_.name() + ".group" + entry);
+    ctx.erase(decision(".position"));
+    if (gathers_tokens()) ctx.erase(decision(".gate"));
   }
 
   // The last forward's routing: tokens per expert (before and after capacity), the dropped

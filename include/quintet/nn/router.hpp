@@ -14,8 +14,9 @@
 // routes as one group of the serial router, from its logits gathered in serial order; each rank
 // keeps its own rows' decisions, positions into its own permuted buffer, and its own kept counts.
 // A caller whose experts compute every token of the group (Megatron-SP, whose tp ranks gather the
-// tokens) asks for the whole group's decisions as well: <name>.group.gate, .group.position and
-// .group.kept, the entries the serial router would keep for all of the group's tokens.
+// tokens) asks for the whole group's decisions instead of its own rows' positions and counts:
+// <name>.group.gate, .group.position and .group.kept, the entries the serial router would keep
+// for all of the group's tokens.
 //
 // What one forward decides is kept in the context, on the layer's device (read by the MoE layer).
 // The host gets copies of the counts (each group's kept ones fix where the next group's rows
@@ -49,9 +50,10 @@ namespace quintet::nn {
 
 using kernels::drop_order;
 
-// What a forward over a group of ranks keeps: this rank's rows' decisions only, or the whole
-// group's as well (router::forward with sequence_tokens).
-enum class group_routing { own_rows, own_rows_and_group };
+// Where the experts of a forward over a group of ranks (router::forward with sequence_tokens) run:
+// on each rank's own rows (the router keeps their positions and kept counts), or on every token of
+// the group (it keeps the group's gates, positions and kept counts, under <name>.group.*).
+enum class group_routing { own_rows, whole_group };
 
 struct router_options {
   std::int64_t experts = 4;
@@ -171,16 +173,16 @@ class router {
   // buffer (expert-major, serial token order within an expert), `kept` its own rows per expert.
   // `routed` stays the group's (backward's f_e). The statistics are the group's, the same on
   // every rank. Collective over the group; backward_input then takes group_ranks = its ranks.
-  // With group_routing::own_rows_and_group the whole group's gates, positions and kept counts are
-  // kept too, under <name>.group.*.
+  // With group_routing::whole_group the whole group's gates, positions and kept counts are kept
+  // instead of this rank's positions and counts, under <name>.group.*.
   template <class Comm>
   routing_statistics forward(context<Device>& ctx, tensor_view<const T, Device> x,
                              parallel::sequence_tokens<Comm>& tokens,
                              group_routing keep = group_routing::own_rows) {
     check_input(x);
     QUINTET_CHECK(options_.groups == 1,
-                  "router '{}': {} routing groups, and the tokens split over sequence "
-                  "parallelism: the sp group's tokens route as one group",
+                  "router '{}': {} routing groups, and the tokens split over a group of ranks "
+                  "(sequence parallelism): the group's tokens route as one group",
                   name_, options_.groups);
     const std::int64_t local = x.shape()[0], k = options_.top_k;
     const std::int64_t batch = local / tokens.local_rows();
@@ -200,7 +202,7 @@ class router {
     share(".gate", k, T{});
     auto& routed = ctx.template save<std::int64_t>(name_ + ".routed", shape{1, options_.experts});
     copy(routed, whole.template get<std::int64_t>(name_ + ".routed"));
-    if (keep == group_routing::own_rows_and_group) {
+    if (keep == group_routing::whole_group) {
       const auto keep_whole = [&](const std::string& entry, auto element) {
         using E = decltype(element);
         const auto& all = whole.template get<E>(name_ + entry);
@@ -209,6 +211,7 @@ class router {
       keep_whole(".gate", T{});
       keep_whole(".position", std::int32_t{});
       keep_whole(".kept", std::int64_t{});
+      return stats;
     }
 
     // This rank's kept assignments in the whole buffer's order, numbered from 0.

@@ -51,8 +51,9 @@ void with_whole_rows(Mesh* mesh, const View& kept, F&& f) {
   }
 }
 
-// partial (n, h), the same rows on every tp rank -> their sum over tp, in place. (A layer that
-// uses it refuses megatron_sp at tp > 1: its rows are whole on every tp rank.)
+// partial (n, h), the same rows on every tp rank -> their sum over tp, in place. (Only for rows
+// whole on every tp rank: under megatron_sp at tp > 1 a layer gathers its rows and reduce-scatters
+// its partial sums instead, as nn::moe does.)
 template <class Plan, class Mesh, class T, class Device>
 void sum_partial_over_tp(Mesh* mesh, quintet::tensor<T, Device>& partial) {
   if constexpr (uses_tensor_parallel<Plan>) {

@@ -39,7 +39,8 @@
 // is sharded over its edp replicas). Under pp the ep group is the dp ranks of one pp coordinate,
 // which run the same action list. Under a sequence style that splits the tokens (ulysses, ring)
 // the sp ranks of a dp rank make one routing call together (nn::router over
-// parallel::sequence_tokens): its statistics are the same on each, so they are not summed over sp.
+// parallel::sequence_tokens), and under megatron_sp the tp ranks do: its statistics are the same
+// on each, so they are not summed over sp or tp.
 //
 // bf16 mixed precision (trainer<bf16, ...>): the model computes in bf16 and the trainer
 // keeps fp32 master weights (optim::master_weights): each micro-batch's gradient of a piece is

@@ -1,5 +1,6 @@
-// sequence_tokens: the tokens of a micro-batch whose sequence is split over an sp group, seen in
-// the serial model's order. A layer that must decide over all of them together — a MoE router's
+// sequence_tokens: the tokens of a micro-batch whose sequence is split over a group of ranks (the
+// sp group under ulysses and ring, the tp group under megatron_sp), seen in the serial model's
+// order. A layer that must decide over all of them together — a MoE router's
 // capacity, drops and auxiliary losses — gathers a few values per token (its logits), decides on
 // the whole group as the serial layer would, and keeps its own tokens' share.
 //
