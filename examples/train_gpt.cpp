@@ -506,7 +506,8 @@ int main(int argc, char** argv) {
   // Generation needs the whole model on one rank: a pipeline run samples nothing unless asked
   // (and then refuses, saying why).
   if (options.pp > 1 && sample_tokens_option->count() == 0) options.sample_tokens = 0;
-  // Nor a GPU run (the decoder reads host parameters).
+  // Nor a GPU run: generation there is built but has not yet run on a GPU (test_gpu_gpt and
+  // tools/device_check.sh, which asks for samples, are to prove it), so it is off unless asked.
   if (options.device == "cuda" && sample_tokens_option->count() == 0) options.sample_tokens = 0;
 
   bool printer = true;

@@ -386,20 +386,13 @@ inline std::string where_it_runs(const quintet::execution<quintet::host>& exec) 
 // One rank's training run; rank 0 (`printer`) prints and writes the report and the plot. Every
 // rank evaluates and samples (under a plan the forward communicates), with the same results.
 // T is the model's arithmetic: float, or bf16 with fp32 master weights (--dtype bf16).
-// Device: where the model computes (the host, or cuda from train_gpt_cuda.cu); samples read the
-// parameters on the host and are refused on another device. Checkpoints: --save, --resume and
-// --export (train_gpt_checkpoints.hpp), or no_checkpoints, which refuses them.
+// Device: where the model computes and samples (the host, or cuda from train_gpt_cuda.cu).
+// Checkpoints: --save, --resume and --export (train_gpt_checkpoints.hpp), or no_checkpoints, which
+// refuses them.
 template <class T, class Plan, class Mesh, class Device, class Checkpoints>
 void run_rank(const token_source_type& source, const token_source_type* held_out,
               const program_options& options, const quintet::execution<Device>& exec, Mesh* mesh,
               bool printer) {
-  constexpr bool on_host = std::is_same_v<Device, quintet::host>;
-  if constexpr (!on_host) {
-    QUINTET_CHECK(options.sample_tokens == 0,
-                  "train_gpt --device {}: samples (--sample-tokens) are generated on the host "
-                  "only so far",
-                  Device::name);
-  }
   quintet::train::trainer<T, token_source_type, Plan, Mesh, Device> trainer(
       source, options.model, options.training, exec, mesh);
   const std::optional<double> floor = source.entropy_floor(options.training.seq);
@@ -479,9 +472,9 @@ void run_rank(const token_source_type& source, const token_source_type* held_out
   // Generation reads the trained parameters by name; under a plan every rank runs it alike. A
   // pipeline's rank holds some layers only: no decoder (check_parallel_options turns sampling off).
   constexpr bool pipelined = Plan::template has<quintet::parallel::strategy::pipeline>;
-  constexpr bool decodes = !pipelined && on_host;
-  using decoder_type = std::conditional_t<!decodes, std::monostate,
-                                          quintet::nn::gpt_decoder<T, quintet::host, Plan, Mesh>>;
+  constexpr bool decodes = !pipelined;
+  using decoder_type =
+      std::conditional_t<!decodes, std::monostate, quintet::nn::gpt_decoder<T, Device, Plan, Mesh>>;
   std::optional<decoder_type> decoder;
   std::vector<std::int32_t> prompt;
   if constexpr (decodes) {

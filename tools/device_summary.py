@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The JSON summary of tools/device_check.sh: the GPU tests' results, the benchmarks' figures
 against issue 14's targets, the training run's tokens/s and MFU where it ran, the 124M step's
-kernel families (tools/ncu_summary.py) where Nsight Compute profiled it, and BPipe against 1F1B
-at p = 6 on the host cores (bench_pipeline_runtime's p6 rows) where they ran."""
+kernel families (tools/ncu_summary.py) where Nsight Compute profiled it, the samples generated
+on the GPU, and BPipe against 1F1B at p = 6 on the host cores (bench_pipeline_runtime's p6 rows)
+where they ran."""
 import argparse
 import json
 import os
@@ -76,6 +77,21 @@ def read_training(out, name, mfu_target):
     return summary
 
 
+def read_samples(out, name):
+    """The samples of a run that generated on the GPU: each one's step, text and the share of
+    its transitions the Markov source allows (1.0 for a model that learned the chain)."""
+    path = os.path.join(out, name)
+    if not os.path.exists(path):
+        return "not run"
+    samples = json.load(open(path)).get("samples", [])
+    if not samples:
+        return "no samples"
+    return [{"step": s["step"], "text": s["text"],
+             "allowed_share": (round(s["allowed_transitions"] / len(s["tokens"]), 3)
+                               if "allowed_transitions" in s and s["tokens"] else None)}
+            for s in samples]
+
+
 def read_pipeline(out):
     """Each p6 row: the measured step, the simulator's, their ratio and both idle shares."""
     path = os.path.join(out, "bench_pipeline_runtime.json")
@@ -110,6 +126,8 @@ def main():
         result.update(summarise(benchmarks))
     result["train_gpt_default"] = read_training(args.out, "train_gpt_default.json", None)
     result["train_gpt_moe"] = read_training(args.out, "train_gpt_moe.json", None)
+    result["samples_serial"] = read_samples(args.out, "train_gpt_sample.json")
+    result["samples_ep"] = read_samples(args.out, "train_gpt_sample_ep.json")
     result["train_gpt_124m_bf16"] = read_training(args.out, "train_gpt_report.json",
                                                   TARGETS["gpt2_124m_mfu"])
     profile = os.path.join(args.out, "profile.json")

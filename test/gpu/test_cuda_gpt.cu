@@ -4,7 +4,9 @@
 // parameters are compared, for the dense GPT and for one with experts in every block (routing,
 // permutation and grouped products on the device). Then the trainer itself
 // (train::trainer<..., cuda>: deferred buckets, micro-batches, the cosine schedule, bf16 through
-// fp32 master weights, evaluation) against the host trainer.
+// fp32 master weights, evaluation) against the host trainer. Last, generation: nn::gpt_decoder on
+// cuda (the KV cache, attention over cached keys merged with the new ones, dropless experts)
+// against the same decoder on the host.
 #include "gpu_test_support.hpp"
 
 #include <catch2/catch.hpp>
@@ -22,15 +24,19 @@
 #include <quintet/kernels/cuda/softmax.cuh>
 #include <quintet/kernels/cuda/squared_norm.cuh>
 #include <quintet/kernels/cuda_execution.hpp>
+#include <quintet/nn/generate.hpp>
 #include <quintet/nn/gpt.hpp>
+#include <quintet/nn/gpt_decoder.hpp>
 #include <quintet/optim/adamw.hpp>
 #include <quintet/optim/gradient_norm.hpp>
 #include <quintet/tensor/cuda/fill.cuh>
 #include <quintet/tensor/cuda/random.cuh>
 #include <quintet/train/trainer.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 using device = quintet::cuda;  // not `cuda`: CCCL declares a global namespace of that name
@@ -191,4 +197,93 @@ TEST_CASE("train::trainer on cuda takes the host trainer's steps (fp32 and bf16)
   }
   const auto held_out = on_device.evaluate(source, 2);
   CHECK(std::abs(held_out.loss - on_host.evaluate(source, 2).loss) <= 1e-4 * held_out.loss);
+}
+
+namespace {
+
+// One model's parameters on one device, its biases drawn away from zero (a decoder that skipped a
+// bias would pass with zero biases), and its decoder.
+template <class Device>
+struct decoding_model {
+  quintet::nn::parameter_registry<float, Device> registry{5};
+  quintet::nn::gpt<float, Device> model;
+  quintet::nn::gpt_decoder<float, Device> decoder;
+
+  decoding_model(const execution<Device>& exec, const quintet::nn::gpt_config& config)
+      : model(registry, exec, config), decoder(registry, exec, config) {
+    for (auto& p : registry)
+      if (p.name.ends_with(".bias"))
+        quintet::fill_normal(p.value, {.seed = 3, .stream = 3}, 0.0, 0.2);
+  }
+};
+
+// The logits of `tokens` (1, n) run on a cache from its current length, on the host.
+template <class Device>
+tensor<float, host> step_logits(quintet::nn::gpt_decoder<float, Device>& decoder,
+                                quintet::nn::kv_cache<float, Device>& cache,
+                                const std::vector<std::int32_t>& tokens) {
+  tensor<std::int32_t, host> ids(shape{1, static_cast<std::int64_t>(tokens.size())});
+  std::copy(tokens.begin(), tokens.end(), ids.data());
+  tensor<std::int32_t, Device> here(ids.shape());
+  quintet::copy(here, ids);
+  return host_copy(decoder.forward(cache, here.view()).view());
+}
+
+// The same model decoded on the host and on cuda: the logits of a prompt, then of a chunk of 3 and
+// of single tokens on the cache (new queries over cached keys, merged), agree to fp32's summation
+// order; greedy generation on cuda picks, at every token, one the host's logits also rank first
+// within that tolerance (an exact tie may go either way).
+void check_cuda_decodes_as_host(const quintet::nn::gpt_config& config) {
+  const execution<host> host_exec;
+  const execution<device> device_exec;
+  decoding_model<host> on_host(host_exec, config);
+  decoding_model<device> on_device(device_exec, config);
+  for (auto& p : on_host.registry)
+    REQUIRE(same_bits(host_copy(p.value), host_copy(on_device.registry.find(p.name).value)));
+  // Logits of order 1 (init_stddev 0.3): fp32 sums of d = 64 terms in another order.
+  constexpr double rtol = 1e-4, atol = 1e-4;
+  auto host_cache = on_host.decoder.make_cache();
+  auto device_cache = on_device.decoder.make_cache();
+  for (const std::vector<std::int32_t>& chunk :
+       std::vector<std::vector<std::int32_t>>{{3, 1, 4, 1, 5, 9, 2}, {6, 5, 3}, {5}, {8}}) {
+    INFO("a chunk of " << chunk.size() << " at position " << host_cache.length());
+    require_close(step_logits(on_device.decoder, device_cache, chunk),
+                  step_logits(on_host.decoder, host_cache, chunk), rtol, atol, "logits");
+  }
+  const std::vector<std::int32_t> prompt{7, 0, 2, 7, 1};
+  const std::int64_t count = 12;
+  const auto generated =
+      quintet::nn::generate(on_device.decoder, prompt, count, {.temperature = 0.0});
+  REQUIRE(static_cast<std::int64_t>(generated.size()) == count);
+  std::vector<std::int32_t> sequence(prompt);
+  sequence.insert(sequence.end(), generated.begin(), generated.end());
+  tensor<std::int32_t, host> ids(shape{1, static_cast<std::int64_t>(sequence.size())});
+  std::copy(sequence.begin(), sequence.end(), ids.data());
+  const tensor<float, host> logits = on_host.decoder.logits(ids.view());  // (1, n, vocab)
+  for (std::int64_t i = 0; i < count; ++i) {
+    const std::int64_t row = static_cast<std::int64_t>(prompt.size()) + i - 1;
+    const std::span<const float> next(logits.data() + row * config.vocab,
+                                      static_cast<std::size_t>(config.vocab));
+    const double best = *std::max_element(next.begin(), next.end());
+    const double chosen = next[static_cast<std::size_t>(generated[static_cast<std::size_t>(i)])];
+    INFO("generated token " << i << ": " << generated[static_cast<std::size_t>(i)]);
+    CHECK(chosen >= best - (atol + rtol * std::abs(best)));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("nn::gpt_decoder on cuda decodes as on the host (fp32, dense and dropless experts)",
+          "[device]") {
+  const quintet::nn::gpt_config dense{
+      .vocab = 24, .max_seq = 32, .layers = 2, .d_model = 64, .heads = 4, .init_stddev = 0.3};
+  SECTION("dense") { check_cuda_decodes_as_host(dense); }
+  SECTION("4 experts, top-2, dropless") {
+    quintet::nn::gpt_config moe = dense;
+    moe.experts = 4;
+    moe.top_k = 2;
+    moe.moe_every = 1;
+    moe.capacity_factor = 0.0;
+    check_cuda_decodes_as_host(moe);
+  }
 }

@@ -5,7 +5,9 @@
 // tests prove: tensor and sequence parallelism (ring attention's block and merge kernels), data
 // parallelism with ZeRO (buckets, reduce-scatter, gather), pipeline schedules (contexts held across
 // micro-batches, the split backward of zero-bubble schedules) and experts (the all_to_all_v of
-// routed tokens; the routing of an sp group's tokens as one group).
+// routed tokens; the routing of an sp group's tokens as one group; under Megatron-SP the tp group's
+// tokens gathered for the experts). Generation under ep: each rank's experts' rows, completed by an
+// all-reduce over ep, against the decoder of the model without ep.
 #include <quintet/comm/staged_comm.hpp>
 #include <quintet/comm/thread_comm.hpp>
 #include <quintet/data/markov_source.hpp>
@@ -22,6 +24,8 @@
 #include <quintet/kernels/cuda/squared_norm.cuh>
 #include <quintet/kernels/cuda_execution.hpp>
 #include <quintet/mesh/device_mesh.hpp>
+#include <quintet/nn/gpt.hpp>
+#include <quintet/nn/gpt_decoder.hpp>
 #include <quintet/parallel/plan.hpp>
 #include <quintet/tensor/cuda/fill.cuh>
 #include <quintet/tensor/cuda/random.cuh>
@@ -29,7 +33,10 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -120,4 +127,85 @@ TEST_CASE("cuda: experts over ep ranks match the serial MoE GPT", "[device]") {
   model.top_k = 2;
   model.capacity_factor = 1.25;
   require_parity_on_cuda<ep_plan>(model, training, {.dp = 2, .ep = 2}, "dp 2, ep 2");
+}
+
+TEST_CASE("cuda: experts under Megatron-SP and ep match the serial MoE GPT", "[device]") {
+  // dp 2 over ep 2, tp 2 with the sequence sharded over tp between the linears: the tp group routes
+  // its tokens as one group, gathers them for its experts' slices and reduce-scatters the output.
+  using megatron_ep = quintet::plan<par::dp<par::zero<0>>, par::tp<par::megatron_1d>,
+                                    par::sp<par::megatron_sp>, par::ep<par::top_k<2>>>;
+  quintet::nn::gpt_config model = dense;
+  model.experts = 4;
+  model.top_k = 2;
+  model.capacity_factor = 1.0;
+  require_parity_on_cuda<megatron_ep>(model, training, {.dp = 2, .tp = 2, .ep = 2},
+                                      "dp 2 over ep 2, tp 2 (Megatron-SP), MoE");
+}
+
+namespace {
+
+// The logits (on the host) of a prompt, then of single tokens through the cache, from `decoder`.
+template <class Decoder>
+std::vector<float> decoded_logits(Decoder& decoder) {
+  const std::vector<std::int32_t> tokens{3, 9, 0, 5, 5, 1, 10, 4, 2, 7, 7, 15};
+  std::vector<float> logits;
+  auto cache = decoder.make_cache();
+  const auto step = [&](std::span<const std::int32_t> chunk) {
+    quintet::tensor<std::int32_t, quintet::host> ids(
+        quintet::shape{1, static_cast<std::int64_t>(chunk.size())});
+    std::copy(chunk.begin(), chunk.end(), ids.data());
+    quintet::tensor<std::int32_t, quintet::cuda> here(ids.shape());
+    quintet::copy(here, ids);
+    const std::vector<float> out = quintet::values_on_host(decoder.forward(cache, here.view()));
+    logits.insert(logits.end(), out.begin(), out.end());
+  };
+  step(std::span(tokens).first(5));
+  for (std::size_t i = 5; i < tokens.size(); ++i) step(std::span(tokens).subspan(i, 1));
+  return logits;
+}
+
+}  // namespace
+
+TEST_CASE("cuda: a decoder under ep gives the logits of the decoder without ep", "[device]") {
+  // 4 experts over 2 ep ranks, dropless (generation keeps every assignment): one token at a time
+  // sends every assignment of a step to one rank's experts now and then, and every rank still calls
+  // the all-reduce.
+  using ep_plan = quintet::plan<par::dp<par::zero<0>>, par::ep<par::top_k<2>>>;
+  quintet::nn::gpt_config config = dense;
+  config.experts = 4;
+  config.top_k = 2;
+  config.moe_every = 1;
+  config.capacity_factor = 0.0;
+  config.init_stddev = 0.3;  // logits of order 1, not near-uniform
+  const quintet::execution<quintet::cuda> serial_exec;
+  quintet::nn::parameter_registry<float, quintet::cuda> serial_registry(21);
+  quintet::nn::gpt<float, quintet::cuda> serial_model(serial_registry, serial_exec, config);
+  quintet::nn::gpt_decoder<float, quintet::cuda> serial_decoder(serial_registry, serial_exec,
+                                                                config);
+  const std::vector<float> want = decoded_logits(serial_decoder);
+  std::vector<std::vector<float>> got(2);
+  quintet::thread_world{2}.run([&](quintet::thread_comm& comm) {
+    const quintet::execution<quintet::cuda> exec;
+    staged staged_world(comm.split(0, comm.rank()));
+    mesh_type mesh(staged_world, {.dp = 2, .ep = 2});
+    quintet::nn::parameter_registry<float, quintet::cuda> registry(21, mesh, ep_plan{});
+    quintet::nn::gpt<float, quintet::cuda, ep_plan, mesh_type> model(registry, exec, config, &mesh);
+    quintet::nn::gpt_decoder<float, quintet::cuda, ep_plan, mesh_type> decoder(registry, exec,
+                                                                               config, &mesh);
+    got[static_cast<std::size_t>(comm.rank())] = decoded_logits(decoder);
+  });
+  // The same rows from the same kernels, but each expert's product over its rows alone (as
+  // without ep, where the groups are also computed one by one) and the rows summed with zeros:
+  // equal up to a product whose kernel cuBLASLt picks by another shape, a few float ulps.
+  for (std::size_t rank = 0; rank < got.size(); ++rank) {
+    INFO("ep rank " << rank);
+    REQUIRE(got[rank].size() == want.size());
+    std::size_t outside = 0;  // NaN counts
+    for (std::size_t i = 0; i < want.size(); ++i)
+      outside += std::abs(double(got[rank][i]) - double(want[i])) <=
+                         1e-5 + 1e-5 * std::abs(double(want[i]))
+                     ? 0
+                     : 1;
+    CHECK(outside == 0);
+  }
 }

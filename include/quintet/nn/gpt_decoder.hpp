@@ -302,14 +302,16 @@ class gpt_decoder {
     }
   }
 
+  // An id outside the vocabulary would embed as a zero row (a vocabulary shard's lookup skips the
+  // ids it does not hold): refused, on every device. A decoder's ids are few, so on a GPU they
+  // are read back to the host for the check.
   void check_ids(tensor_view<const std::int32_t, Device> tokens) const {
-    if constexpr (std::is_same_v<Device, host>) {
-      for (std::int64_t b = 0; b < tokens.shape()[0]; ++b)
-        for (std::int64_t s = 0; s < tokens.shape()[1]; ++s)
-          QUINTET_CHECK(tokens(b, s) >= 0 && tokens(b, s) < config_.vocab,
-                        "gpt_decoder: token id {} at ({}, {}) is outside the vocabulary [0, {})",
-                        tokens(b, s), b, s, config_.vocab);
-    }
+    const std::vector<std::int32_t> ids = values_on_host(tokens);
+    const std::int64_t n = tokens.shape()[1];
+    for (std::size_t i = 0; i < ids.size(); ++i)
+      QUINTET_CHECK(ids[i] >= 0 && ids[i] < config_.vocab,
+                    "gpt_decoder: token id {} at ({}, {}) is outside the vocabulary [0, {})",
+                    ids[i], std::int64_t(i) / n, std::int64_t(i) % n, config_.vocab);
   }
 
   // tokens (batch, n) -> x (batch, n, d): this rank's rows of the token table (vocabulary shards

@@ -125,11 +125,9 @@ void check_moe_mesh(const std::string& name, Mesh* mesh) {
 }
 
 namespace detail {
-// Under a plan that splits the tokens over sp (or shards them over tp): the group's tokens in
-// serial order, per sequence length; otherwise nothing.
-template <class Plan, class Mesh,
-          bool = parallel::splits_tokens_over_sp<Plan> ||
-                 (parallel::uses_tensor_parallel<Plan> && parallel::shards_sequence_on_tp<Plan>)>
+// Under a plan whose routing group spans ranks (tokens split over sp, or sharded over tp): the
+// group's tokens in serial order, per sequence length; otherwise nothing.
+template <class Plan, class Mesh, bool = parallel::routes_tokens_over_group<Plan>>
 struct moe_sequence_tokens {
   struct type {};
 };
@@ -154,7 +152,7 @@ class moe {
   // for the experts, every tp rank holding a slice of every expert.
   static constexpr bool tokens_sharded_on_tp =
       tensor_parallel && parallel::shards_sequence_on_tp<Plan>;
-  static constexpr bool routes_over_group = sequence_parallel || tokens_sharded_on_tp;
+  static constexpr bool routes_over_group = parallel::routes_tokens_over_group<Plan>;
   using exchange_type = typename parallel::expert_exchange_for<Plan, Mesh>::type;
 
  public:
@@ -230,9 +228,7 @@ class moe {
       last_ = router_.forward(ctx, rows);
     }
     // The tokens the experts compute: this rank's, or under Megatron-SP the tp group's.
-    quintet::tensor<T, Device> group_x;
-    if constexpr (tokens_sharded_on_tp)
-      if (gathers_tokens()) group_x = parallel::gather_sequence(mesh_->tp(), x);  // (b, s, d)
+    const quintet::tensor<T, Device> group_x = group_sequence(x, "input");  // (b, s, d) or empty
     const auto expert_rows =
         gathers_tokens() ? reshape(group_x.view(), shape{group_x.numel() / d_model_, d_model_})
                          : rows;
@@ -311,13 +307,7 @@ class moe {
                                             double aux_loss_scale = 1.0) {
     const auto& position = ctx.template get<std::int32_t>(decision(".position"));
     const std::int64_t tokens = position.shape()[0];  // the experts' tokens (gathered: the group's)
-    quintet::tensor<T, Device> group_dy;
-    if constexpr (tokens_sharded_on_tp) {
-      if (gathers_tokens()) {
-        check_sharded_sequence(dy, "output gradient");
-        group_dy = parallel::gather_sequence(mesh_->tp(), dy);
-      }
-    }
+    const quintet::tensor<T, Device> group_dy = group_sequence(dy, "output gradient");
     const tensor_view<const T, Device> expert_dy = gathers_tokens() ? group_dy.view() : dy;
     QUINTET_CHECK(expert_dy.rank() >= 1 && expert_dy.shape()[expert_dy.rank() - 1] == d_model_ &&
                       expert_dy.numel() == tokens * d_model_,
@@ -474,6 +464,20 @@ class moe {
   static constexpr const char* group_axis_name() { return tokens_sharded_on_tp ? "tp" : "sp"; }
   // Megatron-SP over more than one tp rank: the experts compute the tp group's gathered tokens.
   bool gathers_tokens() const { return tokens_sharded_on_tp && group_ranks() > 1; }
+  // With gathered tokens: the tp group's sequence (b, s, ...) from every rank's block of it
+  // (`what` names t in the error for another layout); otherwise an empty tensor, and the caller
+  // keeps its own rows. Collective over tp.
+  quintet::tensor<T, Device> group_sequence(tensor_view<const T, Device> t,
+                                            const char* what) const {
+    if constexpr (tokens_sharded_on_tp) {
+      if (gathers_tokens()) {
+        check_sharded_sequence(t, what);
+        return parallel::gather_sequence(mesh_->tp(), t);
+      }
+    }
+    (void)what;
+    return quintet::tensor<T, Device>();
+  }
   // Whether this rank's experts add the proj bias (and take its gradient): every rank's, except
   // with gathered tokens, whose partial outputs summed over tp must add it once.
   bool holds_proj_bias() const {

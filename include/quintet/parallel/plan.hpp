@@ -198,6 +198,14 @@ inline constexpr bool shards_sequence_on_tp = sequence_of<Plan>::shards_activati
 template <class Plan>
 inline constexpr bool splits_tokens_over_sp = sequence_of<Plan>::splits_tokens_over_sp;
 
+// A layer that decides over a micro-batch's tokens together (a MoE router) decides over a group
+// of ranks' tokens: the sp group's where the tokens are split over sp, the tp group's where
+// megatron_sp shards them over tp.
+template <class Plan>
+inline constexpr bool routes_tokens_over_group = splits_tokens_over_sp<Plan> ||
+                                                 (uses_tensor_parallel<Plan> &&
+                                                  shards_sequence_on_tp<Plan>);
+
 // The one place a model checks its mesh: present when the plan is parallel, degrees the plan can
 // use, dimensions that divide over them.
 template <class Plan, class Mesh>
