@@ -173,10 +173,6 @@ void check_parallel_options(const program_options& options) {
                   "in test_mixed_precision.cpp");
   }
   if (options.pp > 1) {
-    QUINTET_CHECK(options.sample_tokens == 0,
-                  "--pp {}: samples need the whole model on a rank (nn::gpt_decoder); give "
-                  "--sample-tokens 0",
-                  options.pp);
     // The schedule's own rules on p and m: refused here, before any rank starts.
     const auto& info = quintet::parallel::pipeline::find_schedule(options.schedule);
     QUINTET_CHECK(quintet::parallel::pipeline::accepts(
@@ -419,8 +415,7 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   auto* sample_tokens_option =
       app.add_option("--sample-tokens", options.sample_tokens,
-                     "tokens per sample (0: no samples; with --pp off unless given, and refused; "
-                     "with --device cuda off unless given)")
+                     "tokens per sample (0: no samples; with --device cuda off unless given)")
           ->capture_default_str()
           ->check(CLI::NonNegativeNumber);
   app.add_option("--prompt-tokens", options.prompt_tokens,
@@ -503,9 +498,6 @@ int main(int argc, char** argv) {
                  "at the end, write the model as one plain safetensors file (the serial model's "
                  "names and shapes; needs --save)");
   CLI11_PARSE(app, argc, argv);
-  // Generation needs the whole model on one rank: a pipeline run samples nothing unless asked
-  // (and then refuses, saying why).
-  if (options.pp > 1 && sample_tokens_option->count() == 0) options.sample_tokens = 0;
   // Nor a GPU run: generation there is built but has not yet run on a GPU (test_gpu_gpt and
   // tools/device_check.sh, which asks for samples, are to prove it), so it is off unless asked.
   if (options.device == "cuda" && sample_tokens_option->count() == 0) options.sample_tokens = 0;

@@ -30,7 +30,6 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
-#include <variant>
 #include <vector>
 
 namespace train_gpt {
@@ -439,7 +438,7 @@ void run_rank(const token_source_type& source, const token_source_type* held_out
       const auto& plan = pipeline.runtime().plan();
       fmt::print(
           "  pipeline parallel {}: schedule {} ({} stages, {} per rank), layers per stage {}, {} "
-          "micro-batches; no samples (generation runs the whole model on one rank)\n",
+          "micro-batches\n",
           options.pp, plan.name, plan.stages(), plan.stages() / options.pp,
           quintet::nn::to_string(pipeline.layers()), plan.micro_batches);
     }
@@ -469,49 +468,40 @@ void run_rank(const token_source_type& source, const token_source_type* held_out
                1e3 * e.seconds);
     std::fflush(stdout);
   };
-  // Generation reads the trained parameters by name; under a plan every rank runs it alike. A
-  // pipeline's rank holds some layers only: no decoder (check_parallel_options turns sampling off).
-  constexpr bool pipelined = Plan::template has<quintet::parallel::strategy::pipeline>;
-  constexpr bool decodes = !pipelined;
-  using decoder_type =
-      std::conditional_t<!decodes, std::monostate, quintet::nn::gpt_decoder<T, Device, Plan, Mesh>>;
-  std::optional<decoder_type> decoder;
+  // Generation reads the trained parameters by name; under a plan every rank runs it alike (a
+  // pipeline's ranks each their stages' blocks, the rows passed down the stages).
+  std::optional<quintet::nn::gpt_decoder<T, Device, Plan, Mesh>> decoder;
   std::vector<std::int32_t> prompt;
-  if constexpr (decodes) {
-    if (sampling) {
-      const auto whole = trainer.whole_parameters();  // ZeRO-3: shards only between steps
-      decoder.emplace(trainer.model_parameters(), exec, trainer.model_config(), mesh);
-      prompt = sample_prompt(held_out != nullptr ? *held_out : source, options);
-    }
-  } else {
-    QUINTET_CHECK(!sampling, "train_gpt: samples under pipeline parallelism are not supported");
+  if (sampling) {
+    const auto whole = trainer.whole_parameters();  // ZeRO-3: shards only between steps
+    quintet::nn::pipeline_layout layout;
+    if constexpr (Plan::template has<quintet::parallel::strategy::pipeline>)
+      layout = trainer.pipeline().layout();
+    decoder.emplace(trainer.model_parameters(), exec, trainer.model_config(), mesh, layout);
+    prompt = sample_prompt(held_out != nullptr ? *held_out : source, options);
   }
   const auto sample = [&] {
-    if constexpr (!decodes) {
-      return;
-    } else {
-      const quintet::nn::sampling_options sampling_options{
-          .temperature = options.temperature,
-          .top_k = options.sample_top_k,
-          .key = quintet::nn::sampling_key(t.seed, trainer.next_step())};
-      sample_record r{.step = trainer.next_step(), .prompt = prompt};
-      const auto start = std::chrono::steady_clock::now();
-      const auto whole = trainer.whole_parameters();
-      r.tokens = quintet::nn::generate(*decoder, prompt, options.sample_tokens, sampling_options);
-      r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      r.prompt_text = as_text(source, prompt);
-      r.text = as_text(source, r.tokens);
-      if (const quintet::markov_source* markov = source.markov())
-        r.allowed = allowed_transitions(*markov, prompt, r.tokens);
-      run.samples.push_back(std::move(r));
-      const auto& s = run.samples.back();
-      if (!printer) return;
-      fmt::print("sample {:4d}  \"{}\" -> \"{}\"  (", s.step, s.prompt_text, s.text);
-      if (s.allowed)
-        fmt::print("{}/{} transitions allowed by the source, ", *s.allowed, s.tokens.size());
-      fmt::print("{:.0f} ms)\n", 1e3 * s.seconds);
-      std::fflush(stdout);
-    }
+    const quintet::nn::sampling_options sampling_options{
+        .temperature = options.temperature,
+        .top_k = options.sample_top_k,
+        .key = quintet::nn::sampling_key(t.seed, trainer.next_step())};
+    sample_record r{.step = trainer.next_step(), .prompt = prompt};
+    const auto start = std::chrono::steady_clock::now();
+    const auto whole = trainer.whole_parameters();
+    r.tokens = quintet::nn::generate(*decoder, prompt, options.sample_tokens, sampling_options);
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    r.prompt_text = as_text(source, prompt);
+    r.text = as_text(source, r.tokens);
+    if (const quintet::markov_source* markov = source.markov())
+      r.allowed = allowed_transitions(*markov, prompt, r.tokens);
+    run.samples.push_back(std::move(r));
+    const auto& s = run.samples.back();
+    if (!printer) return;
+    fmt::print("sample {:4d}  \"{}\" -> \"{}\"  (", s.step, s.prompt_text, s.text);
+    if (s.allowed)
+      fmt::print("{}/{} transitions allowed by the source, ", *s.allowed, s.tokens.size());
+    fmt::print("{:.0f} ms)\n", 1e3 * s.seconds);
+    std::fflush(stdout);
   };
 
   for (std::int64_t s = trainer.next_step(); s < last; ++s) {

@@ -129,14 +129,19 @@ if [[ -x "$train_gpt" ]]; then
     > "$out/train_gpt_124m.log" 2>&1 || status=1
   grep -E "^(quintet|step|summary)|error" "$out/train_gpt_124m.log" | cut -c1-200
   # Generation on the GPU (nn::gpt_decoder and its KV cache; train_gpt samples there only when
-  # asked): the default model samples after 300 steps, serially and with 4 experts over ep on 2
-  # thread ranks; the summary keeps each sample's share of transitions the source allows.
-  timeout 120 "$train_gpt" --device cuda --steps 300 --sample-tokens 48 \
-    --report "$out/train_gpt_sample.json" > "$out/train_gpt_sample.log" 2>&1 || status=1
-  timeout 120 "$train_gpt" --device cuda --world 2 --dp 2 --ep 2 --experts 4 --moe-every 1 \
-    --capacity-factor 0 --steps 300 --sample-tokens 48 --report "$out/train_gpt_sample_ep.json" \
-    > "$out/train_gpt_sample_ep.log" 2>&1 || status=1
-  grep -hE "^sample|error" "$out/train_gpt_sample.log" "$out/train_gpt_sample_ep.log" | cut -c1-200
+  # asked): the default model samples after 300 steps, serially, with 4 experts over ep on 2
+  # thread ranks, and over 2 pipeline ranks (zb-v); the summary keeps each sample's share of
+  # transitions the source allows.
+  sample_run() {  # name, flags...
+    local name=$1
+    shift
+    timeout 120 "$train_gpt" --device cuda --steps 300 --sample-tokens 48 "$@" \
+      --report "$out/train_gpt_$name.json" > "$out/train_gpt_$name.log" 2>&1 || status=1
+    grep -hE "^sample|error" "$out/train_gpt_$name.log" | cut -c1-200
+  }
+  sample_run sample
+  sample_run sample_ep --world 2 --dp 2 --ep 2 --experts 4 --moe-every 1 --capacity-factor 0
+  sample_run sample_pp --world 2 --pp 2 --schedule zb-v --layers 4 --micro-batches 4
   # The plans on the GPU, each against the serial run on the GPU step by step (the CTest entries
   # example_train_gpt_cuda_*_matches_serial, here without CTest so --bin works too): thread ranks
   # sharing the device (tp x ring sp; dp x pp, 1f1b, ZeRO-1) and one NCCL rank under mpirun.

@@ -128,6 +128,7 @@ def main():
     result["train_gpt_moe"] = read_training(args.out, "train_gpt_moe.json", None)
     result["samples_serial"] = read_samples(args.out, "train_gpt_sample.json")
     result["samples_ep"] = read_samples(args.out, "train_gpt_sample_ep.json")
+    result["samples_pp"] = read_samples(args.out, "train_gpt_sample_pp.json")
     result["train_gpt_124m_bf16"] = read_training(args.out, "train_gpt_report.json",
                                                   TARGETS["gpt2_124m_mfu"])
     profile = os.path.join(args.out, "profile.json")

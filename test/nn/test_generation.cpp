@@ -5,7 +5,9 @@
 // of the serial model), and the sampling rule: greedy, top-k, temperature, a reproducible key.
 // Mixture-of-experts models (routed dropless): the decoder's loss and cached logits equal the
 // model's forward (top-1 and top-2), every rank of tp, tp x ring and tp x Ulysses draws the serial
-// tokens, and a registry of another model or experts split over ep are refused.
+// tokens, a registry of another model is refused, and under ep (each rank its experts' rows, an
+// all-reduce for the rest) the logits are those without ep, bit for bit. Over pipeline stages
+// (the rows passed down the stages, the logits broadcast) they are those without pp, bit for bit.
 #include <catch2/catch.hpp>
 
 #include <quintet/comm/thread_comm.hpp>
@@ -324,36 +326,44 @@ namespace {
 struct rank_generation {
   std::vector<double> logits;  // the prompt's, then each next token's, one after the other
   std::vector<std::int32_t> cached, recomputed;
+  std::vector<std::int32_t> sampled;  // at temperature 1 from a fixed key
   int tp_rank = 0;
 };
+// The logits of parallel_prompt, then of single tokens through the cache, 30 greedy tokens, cached
+// and recomputed, and 30 sampled at temperature 1.
+template <class Decoder>
+void decode_into(Decoder& decoder, rank_generation& r) {
+  const nn::sampling_options greedy{.temperature = 0.0};
+  // One token at a time sends every assignment of a step to one ep rank's experts now and then.
+  auto cache = decoder.make_cache();
+  const auto step = [&](std::span<const std::int32_t> tokens) {
+    const auto logits = decoder.forward(
+        cache, quintet::tensor_view<const std::int32_t, host>(
+                   tokens.data(), shape{1, static_cast<std::int64_t>(tokens.size())}));
+    r.logits.insert(r.logits.end(), logits.data(), logits.data() + logits.numel());
+  };
+  step(parallel_prompt);
+  for (const std::int32_t token : {3, 9, 0, 5, 5, 1, 10, 4}) step(std::span(&token, 1));
+  r.cached = nn::generate(decoder, parallel_prompt, 30, greedy);
+  r.recomputed = nn::generate(decoder, parallel_prompt, 30, greedy, nn::generation_mode::recompute);
+  r.sampled = nn::generate(decoder, parallel_prompt, 30,
+                           {.temperature = 1.0, .key = nn::sampling_key(5, 0)});
+}
+
 template <class Plan>
 std::vector<rank_generation> generation_on_ranks(quintet::mesh_degrees degrees,
                                                  const nn::gpt_config& config) {
   const int world_size = degrees.dp * degrees.tp * degrees.sp;
   std::vector<rank_generation> out(static_cast<std::size_t>(world_size));
-  const nn::sampling_options greedy{.temperature = 0.0};
   quintet::thread_world{world_size}.run([&](quintet::thread_comm& world) {
     const quintet::execution<host> rank_exec(1);
     mesh_type mesh(world, degrees);
     nn::parameter_registry<double, host> registry(21, mesh, Plan{});
     nn::gpt<double, host, Plan, mesh_type> model(registry, rank_exec, config, &mesh);
     nn::gpt_decoder<double, host, Plan, mesh_type> decoder(registry, rank_exec, config, &mesh);
-    const std::vector<std::int32_t> prompt = parallel_prompt;
     rank_generation& r = out[static_cast<std::size_t>(world.rank())];
     r.tp_rank = mesh.tp().rank();
-    // One token at a time sends every assignment of a step to one ep rank's experts now and then.
-    auto cache = decoder.make_cache();
-    const auto step = [&](std::span<const std::int32_t> tokens) {
-      const auto logits = decoder.forward(
-          cache, quintet::tensor_view<const std::int32_t, host>(
-                     tokens.data(), shape{1, static_cast<std::int64_t>(tokens.size())}));
-      r.logits.insert(r.logits.end(), logits.data(), logits.data() + logits.numel());
-    };
-    step(prompt);
-    for (const std::int32_t token : {3, 9, 0, 5, 5, 1, 10, 4}) step(std::span(&token, 1));
-    r.cached = nn::generate(decoder, parallel_prompt, 30, greedy);
-    r.recomputed =
-        nn::generate(decoder, parallel_prompt, 30, greedy, nn::generation_mode::recompute);
+    decode_into(decoder, r);
   });
   return out;
 }
@@ -382,6 +392,110 @@ TEST_CASE("a decoder under ep computes the logits of the model without ep, bit f
       CHECK(mine.logits == reference.logits);
       CHECK(mine.cached == serial);
       CHECK(mine.recomputed == serial);
+      CHECK(mine.sampled == reference.sampled);
+    }
+  }
+}
+
+namespace {
+
+using pipeline_tensor_plan = quintet::plan<par::tp<par::megatron_1d>, par::pp<par::named_schedule>>;
+
+// rank_generation from the model of a trainer under `Plan` over `degrees` at its initial
+// parameters, biases drawn away from zero: under pp through the trainer's pipeline stages.
+template <class Plan>
+std::vector<rank_generation> trainer_generation(quintet::mesh_degrees degrees,
+                                                const nn::gpt_config& config,
+                                                const quintet::train::training_options& options) {
+  const int world_size = degrees.dp * degrees.pp * degrees.tp * degrees.sp;
+  const quintet::markov_source source({.vocab = config.vocab, .order = 1, .seed = 2});
+  std::vector<rank_generation> out(static_cast<std::size_t>(world_size));
+  quintet::thread_world{world_size}.run([&](quintet::thread_comm& world) {
+    const quintet::execution<host> rank_exec(1);
+    mesh_type mesh(world, degrees);
+    quintet::train::trainer<double, quintet::markov_source, Plan, mesh_type> trainer(
+        source, config, options, rank_exec, &mesh);
+    randomize_biases(trainer.model_parameters());
+    nn::pipeline_layout layout;
+    if constexpr (Plan::template has<par::strategy::pipeline>) layout = trainer.pipeline().layout();
+    nn::gpt_decoder<double, host, Plan, mesh_type> decoder(trainer.model_parameters(), rank_exec,
+                                                           config, &mesh, layout);
+    rank_generation& r = out[static_cast<std::size_t>(world.rank())];
+    r.tp_rank = mesh.tp().rank();
+    decode_into(decoder, r);
+  });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a decoder over pipeline stages computes the logits of the model without pp, bit for bit",
+          "[nn][generation][pipeline][parallel]") {
+  // Each rank runs its stages' blocks on the rows it receives, the same kernels on the same rows
+  // as one rank holding every block; the last stage's rank broadcasts the logits.
+  nn::gpt_config config = parallel_model;
+  config.layers = 4;
+  const quintet::train::training_options serial_options{
+      .steps = 1, .batch = 4, .seq = 8, .warmup_steps = 0};
+  quintet::train::training_options options = serial_options;
+  options.micro_batches = 4;
+  const auto check = [&](quintet::mesh_degrees degrees, const std::string& schedule) {
+    INFO("pp " << degrees.pp << ", tp " << degrees.tp << ", " << schedule);
+    options.pipeline.schedule = schedule;
+    const auto without_pp =
+        trainer_generation<tensor_plan>({.tp = degrees.tp}, config, serial_options);
+    const auto with_pp = trainer_generation<pipeline_tensor_plan>(degrees, config, options);
+    // At initialisation greedy decoding repeats one token; the sampled tokens vary.
+    CHECK(
+        std::set<std::int32_t>(without_pp[0].sampled.begin(), without_pp[0].sampled.end()).size() >
+        2);
+    for (std::size_t rank = 0; rank < with_pp.size(); ++rank) {
+      INFO("rank " << rank);
+      const rank_generation& mine = with_pp[rank];
+      const rank_generation& reference = without_pp.at(static_cast<std::size_t>(mine.tp_rank));
+      CHECK(mine.logits == reference.logits);
+      CHECK(mine.cached == reference.cached);
+      CHECK(mine.recomputed == reference.cached);
+      CHECK(mine.sampled == reference.sampled);
+    }
+  };
+  SECTION("tied: 1f1b, zb-v (stages 0 and 3 on rank 0, one table) and interleaved") {
+    for (const char* schedule : {"1f1b", "zb-v", "interleaved"}) check({.pp = 2}, schedule);
+  }
+  SECTION("untied head, 1f1b, and with tp 2 (the logits gathered over tp on the last stage)") {
+    config.tie_weights = false;
+    check({.pp = 2}, "1f1b");
+    check({.pp = 2, .tp = 2}, "1f1b");
+  }
+  SECTION("mixture of experts, dropless, top-2 in every other block, under zb-v") {
+    config = dropless_moe(config, 2, 2);
+    check({.pp = 2}, "zb-v");
+  }
+  SECTION("a layout that does not fit the model or the mesh is refused") {
+    const quintet::execution<host> rank_exec(1);
+    const quintet::markov_source source({.vocab = config.vocab, .order = 1, .seed = 2});
+    options.pipeline.schedule = "1f1b";
+    std::vector<std::string> errors(2);
+    quintet::thread_world{2}.run([&](quintet::thread_comm& world) {
+      mesh_type mesh(world, {.pp = 2});
+      quintet::train::trainer<double, quintet::markov_source, pipeline_tensor_plan, mesh_type>
+          trainer(source, config, options, rank_exec, &mesh);
+      const auto attempt = [&](const nn::pipeline_layout& layout) {
+        try {
+          nn::gpt_decoder<double, host, pipeline_tensor_plan, mesh_type> decoder(
+              trainer.model_parameters(), rank_exec, config, &mesh, layout);
+        } catch (const quintet::error& e) {
+          errors[static_cast<std::size_t>(world.rank())] += std::string(e.what()) + "\n";
+        }
+      };
+      attempt({});
+      attempt({.layers = {2, 1}, .stage_to_rank = {0, 1}});
+      attempt({.layers = {2, 2}, .stage_to_rank = {0, 2}});
+    });
+    for (const std::string& e : errors) {
+      CHECK_THAT(e, Catch::Contains("give the pipeline layout"));
+      CHECK_THAT(e, Catch::Contains("the stages hold 3 layers, the model has 4"));
+      CHECK_THAT(e, Catch::Contains("puts stage 1 on pp rank 2, outside pp = 2"));
     }
   }
 }

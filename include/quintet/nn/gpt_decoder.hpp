@@ -16,7 +16,13 @@
 //                        rank of an sp group runs the whole-sequence path on its (replicated over
 //                        sp) parameters, with tp's communication only. The sp ranks compute the
 //                        same values, redundantly.
-//   pipeline stages      not supported (a stage holds only some blocks): refused at compile time.
+//   pipeline stages      each rank holds the blocks of its stages (the pipeline_layout: layers
+//                        per virtual stage and each stage's pp rank), the first stage's rank the
+//                        embedding and the last's the head. The new rows go down the stages in
+//                        stage order, sent to the next stage's rank with blocking point-to-point
+//                        calls where the rank changes; the last stage's rank computes the logits
+//                        and broadcasts them over pp. A rank caches the keys and values of its own
+//                        blocks only.
 //   mixture of experts   a MoE block routes the new tokens to their top k experts dropless (no
 //                        capacity: generation keeps every assignment) and sums their gated
 //                        outputs, as nn::moe; under tp each expert's hidden units stay split and
@@ -42,6 +48,7 @@
 #include <quintet/kernels/layer_norm.hpp>
 #include <quintet/kernels/matmul.hpp>
 #include <quintet/kernels/moe.hpp>
+#include <quintet/nn/gpt_partition.hpp>
 #include <quintet/nn/gpt_stage.hpp>
 #include <quintet/nn/kv_cache.hpp>
 #include <quintet/nn/parameter.hpp>
@@ -89,9 +96,7 @@ class gpt_decoder {
   static_assert(parallel::mesh_for<Mesh, Plan>,
                 "nn::gpt_decoder<T, Device, Plan, Mesh>: a parallel plan needs a device mesh type "
                 "(Mesh = device_mesh<Comm>), not parallel::no_mesh");
-  static_assert(!Plan::template has<parallel::strategy::pipeline>,
-                "nn::gpt_decoder runs every block on every rank: a plan with parallel::pp<...> "
-                "holds only some blocks per rank");
+  static constexpr bool pipelined = Plan::template has<parallel::strategy::pipeline>;
   static constexpr bool tensor_parallel = parallel::uses_tensor_parallel<Plan>;
   static constexpr bool expert_parallel = parallel::uses_expert_parallel<Plan>;
   using reduce_plan = typename detail::decoder_plan<Plan>::type;
@@ -101,11 +106,15 @@ class gpt_decoder {
  public:
   // `registry` holds the model's parameters (this rank's shards under a plan), as nn::gpt or
   // train::trainer registered them; `mesh` is this rank's mesh (null for the serial model).
+  // `layout`: under a plan with pp, where the stages are (a trainer's pipeline().layout());
+  // empty otherwise.
   gpt_decoder(parameter_registry<T, Device>& registry, const execution<Device>& exec,
-              const gpt_config& config, Mesh* mesh = nullptr)
+              const gpt_config& config, Mesh* mesh = nullptr, const pipeline_layout& layout = {})
       : exec_(exec),
         config_((config.validate(), config)),
         mesh_(required(mesh)),
+        pp_rank_(pp_rank(mesh_)),
+        stages_(stage_spans(config_, layout, pp_size(mesh_))),
         experts_here_(config.experts == 0 ? parallel::expert_ownership{}
                                           : parallel::expert_ownership::of(
                                                 config.experts, ep_size(mesh_), ep_rank(mesh_))) {
@@ -115,11 +124,19 @@ class gpt_decoder {
     shard_ = parallel::vocab_shard_of(config.vocab, tp, tp_rank(mesh_));
     local_heads_ = config.heads / tp;
     width_ = config.d_model / tp;
-    token_table_ = &registry.find("embedding.token_weight");
-    position_table_ = &registry.find("embedding.position_weight");
+    holds_embedding_ = stages_.front().rank == pp_rank_;
+    holds_head_ = stages_.back().rank == pp_rank_;
+    if (holds_embedding_ || (holds_head_ && config.tie_weights))
+      token_table_ = &registry.find("embedding.token_weight");
+    if (holds_embedding_) position_table_ = &registry.find("embedding.position_weight");
     for (std::int64_t l = 0; l < config.layers; ++l) {
       const std::string b = "blocks." + std::to_string(l);
       block_parameters block;
+      if (!holds_layer(l)) {  // another pp rank's block
+        blocks_.push_back(std::move(block));
+        continue;
+      }
+      block.cache_slot = held_layers_++;
       block.ln1 = norm(registry, b + ".ln1");
       block.qkv = affine(registry, b + ".attn.qkv");
       block.attention_proj = affine(registry, b + ".attn.proj");
@@ -154,17 +171,19 @@ class gpt_decoder {
       }
       blocks_.push_back(std::move(block));
     }
-    final_norm_ = norm(registry, "final_norm");
-    head_ = config.tie_weights ? token_table_ : &registry.find("lm_head.weight");
+    if (holds_head_) {
+      final_norm_ = norm(registry, "final_norm");
+      head_ = config.tie_weights ? token_table_ : &registry.find("lm_head.weight");
+    }
     check_shapes();
   }
   gpt_decoder(parameter_registry<T, Device>&, const execution<Device>&&, const gpt_config&,
               Mesh* = nullptr) = delete;
 
   // An empty cache for `batch` sequences of up to `capacity` positions (the position table's
-  // rows by default).
+  // rows by default), of the blocks this rank holds.
   kv_cache<T, Device> make_cache(std::int64_t batch = 1, std::int64_t capacity = 0) const {
-    return kv_cache<T, Device>(config_.layers, batch, capacity == 0 ? config_.max_seq : capacity,
+    return kv_cache<T, Device>(held_layers_, batch, capacity == 0 ? config_.max_seq : capacity,
                                width_);
   }
 
@@ -178,19 +197,36 @@ class gpt_decoder {
                   tokens.shape());
     const std::int64_t batch = tokens.shape()[0], n = tokens.shape()[1], start = cache.length();
     QUINTET_CHECK(
-        cache.batch() == batch && cache.layers() == config_.layers && cache.width() == width_,
+        cache.batch() == batch && cache.layers() == held_layers_ && cache.width() == width_,
         "gpt_decoder: a cache of {} layers x batch {} x width {} for {} layers x batch "
         "{} x width {}",
-        cache.layers(), cache.batch(), cache.width(), config_.layers, batch, width_);
+        cache.layers(), cache.batch(), cache.width(), held_layers_, batch, width_);
     QUINTET_CHECK(start + n <= cache.capacity() && start + n <= config_.max_seq,
                   "gpt_decoder: positions [{}, {}) exceed the cache ({}) or the position table "
                   "({})",
                   start, start + n, cache.capacity(), config_.max_seq);
     check_ids(tokens);
-    quintet::tensor<T, Device> x = embed(tokens, start);  // (batch, n, d)
-    for (std::int64_t l = 0; l < config_.layers; ++l) x = block(l, cache, x, start);
+    // x (batch, n, d) goes down the stages in stage order, on the rank of the stage it is at.
+    quintet::tensor<T, Device> x;
+    if (holds_embedding_) x = embed(tokens, start);
+    int holder = stages_.front().rank;
+    for (const stage_span& stage : stages_) {
+      if (stage.rank != holder) {
+        pass_rows(x, shape{batch, n, config_.d_model}, holder, stage.rank);
+        holder = stage.rank;
+      }
+      if (stage.rank == pp_rank_)
+        for (std::int64_t l = stage.first_layer; l < stage.end_layer; ++l)
+          x = block(l, cache, x, start);
+    }
     cache.advance(n);
-    return head(x);
+    quintet::tensor<T, Device> logits;
+    if (holds_head_) logits = head(x);
+    if constexpr (pipelined) {  // the last stage's rank gives every pp rank the logits
+      if (!holds_head_) logits = quintet::tensor<T, Device>(shape{batch, n, config_.vocab});
+      mesh_->pp().broadcast(logits, holder);
+    }
+    return logits;
   }
 
   // The logits of `tokens` (batch, n) from position 0 without a cache: the whole forward, as
@@ -215,6 +251,7 @@ class gpt_decoder {
     parameter<T, Device>* bias;
   };
   struct block_parameters {
+    std::int64_t cache_slot = -1;  // its layer in this rank's kv_cache; -1: another pp rank's block
     norm_parameters ln1{};
     affine_parameters qkv{};  // column-parallel: (3, d / tp, d), q k v of this rank's heads
     affine_parameters attention_proj{};  // row-parallel: (d, d / tp), bias replicated
@@ -261,11 +298,80 @@ class gpt_decoder {
       return 0;
     }
   }
+  static int pp_size(Mesh* mesh) {
+    if constexpr (pipelined) {
+      return mesh->pp().size();
+    } else {
+      return 1;
+    }
+  }
+  static int pp_rank(Mesh* mesh) {
+    if constexpr (pipelined) {
+      return mesh->pp().rank();
+    } else {
+      return 0;
+    }
+  }
   static int tp_rank(Mesh* mesh) {
     if constexpr (tensor_parallel) {
       return mesh->tp().rank();
     } else {
       return 0;
+    }
+  }
+
+  // A stage's blocks [first_layer, end_layer) and the pp rank that holds them.
+  struct stage_span {
+    std::int64_t first_layer, end_layer;
+    int rank;
+  };
+  // The stages of `layout` (one stage of every layer on rank 0 without pp), checked against the
+  // model and the pp degree.
+  static std::vector<stage_span> stage_spans(const gpt_config& config,
+                                             const pipeline_layout& layout, int pp) {
+    if constexpr (!pipelined) {
+      QUINTET_CHECK(layout.empty(),
+                    "gpt_decoder: a pipeline layout for a plan without pp (every rank holds every "
+                    "block)");
+      return {{0, config.layers, 0}};
+    } else {
+      QUINTET_CHECK(!layout.empty(),
+                    "gpt_decoder under pp: give the pipeline layout (the trainer's "
+                    "pipeline().layout()): which blocks each stage holds and its rank");
+      QUINTET_CHECK(layout.layers.size() == layout.stage_to_rank.size(),
+                    "gpt_decoder: a pipeline layout of {} stages' layers but {} stages' ranks",
+                    layout.layers.size(), layout.stage_to_rank.size());
+      check_layers(config, layout.layers);
+      std::vector<stage_span> spans;
+      std::int64_t first = 0;
+      for (std::size_t s = 0; s < layout.layers.size(); ++s) {
+        const int rank = layout.stage_to_rank[s];
+        QUINTET_CHECK(
+            rank >= 0 && rank < pp,
+            "gpt_decoder: the pipeline layout puts stage {} on pp rank {}, outside pp = {}", s,
+            rank, pp);
+        spans.push_back({first, first + layout.layers[s], rank});
+        first += layout.layers[s];
+      }
+      return spans;
+    }
+  }
+  bool holds_layer(std::int64_t layer) const {
+    for (const stage_span& stage : stages_)
+      if (layer >= stage.first_layer && layer < stage.end_layer) return stage.rank == pp_rank_;
+    return false;
+  }
+  // Hands the rows (batch, n, d) from the stage's rank `from` to `to` over pp (the others skip).
+  void pass_rows(quintet::tensor<T, Device>& x, const shape& rows, int from, int to) {
+    if constexpr (pipelined) {
+      if (pp_rank_ == from) {
+        mesh_->pp().send(x, to);
+      } else if (pp_rank_ == to) {
+        x = quintet::tensor<T, Device>(rows);
+        mesh_->pp().recv(x, from);
+      }
+    } else {
+      (void)x, (void)rows, (void)from, (void)to;
     }
   }
 
@@ -279,12 +385,14 @@ class gpt_decoder {
                     "registry of another plan or degree?)",
                     p->name, p->local_shape(), expected);
     };
-    require(token_table_, shape{shard_.columns, d});
-    require(head_, shape{shard_.columns, d});
-    QUINTET_CHECK(position_table_->local_shape()[0] >= config_.max_seq,
-                  "gpt_decoder: the position table has {} rows, fewer than max_seq {}",
-                  position_table_->local_shape()[0], config_.max_seq);
+    if (token_table_ != nullptr) require(token_table_, shape{shard_.columns, d});
+    if (head_ != nullptr) require(head_, shape{shard_.columns, d});
+    if (position_table_ != nullptr)
+      QUINTET_CHECK(position_table_->local_shape()[0] >= config_.max_seq,
+                    "gpt_decoder: the position table has {} rows, fewer than max_seq {}",
+                    position_table_->local_shape()[0], config_.max_seq);
     for (const auto& b : blocks_) {
+      if (b.cache_slot < 0) continue;  // another pp rank's block
       require(b.qkv.weight, shape{3, width_, d});
       require(b.attention_proj.weight, shape{d, width_});
       if (b.router == nullptr) {
@@ -362,23 +470,23 @@ class gpt_decoder {
   quintet::tensor<T, Device> block(std::int64_t layer, kv_cache<T, Device>& cache,
                                    const quintet::tensor<T, Device>& x, std::int64_t start) {
     const block_parameters& p = blocks_[static_cast<std::size_t>(layer)];
+    const std::int64_t slot = p.cache_slot;
     const std::int64_t batch = x.shape()[0], n = x.shape()[1], end = start + n;
     quintet::tensor<T, Device> qkv = column(layer_norm(p.ln1, x), p.qkv);  // (batch, n, 3 w)
-    copy(cache.keys(layer, start, end), chunk(qkv, 2, 3, 1));
-    copy(cache.values(layer, start, end), chunk(qkv, 2, 3, 2));
+    copy(cache.keys(slot, start, end), chunk(qkv, 2, 3, 1));
+    copy(cache.values(slot, start, end), chunk(qkv, 2, 3, 2));
     const auto q = chunk(qkv, 2, 3, 0);  // (batch, n, w)
     quintet::tensor<T, Device> out(shape{batch, n, width_});
     quintet::tensor<stat_type, Device> lse(shape{batch, local_heads_, n});
     // The new queries see every cached key (full) and the new keys up to their own (causal).
-    kernels::attention_forward(exec_, q, cache.keys(layer, start, end),
-                               cache.values(layer, start, end), out, lse, local_heads_,
+    kernels::attention_forward(exec_, q, cache.keys(slot, start, end),
+                               cache.values(slot, start, end), out, lse, local_heads_,
                                kernels::attention_mask::causal);
     if (start > 0) {
       quintet::tensor<T, Device> earlier(shape{batch, n, width_});
       quintet::tensor<stat_type, Device> earlier_lse(shape{batch, local_heads_, n});
-      kernels::attention_forward(exec_, q, cache.keys(layer, 0, start),
-                                 cache.values(layer, 0, start), earlier, earlier_lse, local_heads_,
-                                 kernels::attention_mask::full);
+      kernels::attention_forward(exec_, q, cache.keys(slot, 0, start), cache.values(slot, 0, start),
+                                 earlier, earlier_lse, local_heads_, kernels::attention_mask::full);
       kernels::attention_merge(exec_, out, lse, earlier, earlier_lse, local_heads_);
     }
     quintet::tensor<T, Device> h = row(out, p.attention_proj);
@@ -481,15 +589,21 @@ class gpt_decoder {
   const execution<Device>& exec_;
   gpt_config config_;
   Mesh* mesh_;
+  int pp_rank_ = 0;
+  std::vector<stage_span> stages_;  // in stage order; one stage of every block without pp
+  bool holds_embedding_ = true, holds_head_ = true;
+  std::int64_t held_layers_ = 0;             // the blocks this rank holds (and caches)
   parallel::expert_ownership experts_here_;  // the experts this rank holds (all without ep)
   parallel::vocab_shard shard_{};
   std::int64_t local_heads_ = 0, width_ = 0;
+  // Null where this pp rank holds neither the first stage nor (tied) the last.
   parameter<T, Device>* token_table_ = nullptr;     // (padded vocab / tp, d)
-  parameter<T, Device>* position_table_ = nullptr;  // (max_seq, d)
+  parameter<T, Device>* position_table_ = nullptr;  // (max_seq, d); the first stage's rank
+
   std::vector<block_parameters> blocks_;
   norm_parameters final_norm_{};
-  parameter<T, Device>* head_ =
-      nullptr;  // the token table, or lm_head.weight (padded vocab / tp, d)
+  // The token table or lm_head.weight (padded vocab / tp, d); null off the last stage's rank.
+  parameter<T, Device>* head_ = nullptr;
 };
 
 }  // namespace quintet::nn

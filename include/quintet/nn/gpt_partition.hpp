@@ -376,6 +376,16 @@ inline void check_layers(const gpt_config& config, const std::vector<int>& layer
                 total, config.layers);
 }
 
+// Where a pipelined GPT's pieces are: its partition (layers per virtual stage, in stage order) and
+// the pp rank of each stage (the schedule's stage_to_rank), as gpt_pipeline::layout() gives them;
+// what a decoder over the stages needs. Empty for a model without pipeline stages.
+struct pipeline_layout {
+  std::vector<int> layers;
+  std::vector<int> stage_to_rank;
+
+  bool empty() const { return layers.empty() && stage_to_rank.empty(); }
+};
+
 // The cut of every stage of a checked partition, in stage order.
 inline std::vector<stage_cut> stage_cuts(const gpt_config& config, const std::vector<int>& layers) {
   check_layers(config, layers);

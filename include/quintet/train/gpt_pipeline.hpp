@@ -192,6 +192,8 @@ class gpt_pipeline {
 
   const nn::gpt_config& config() const { return config_; }
   const std::vector<int>& layers() const { return layers_; }
+  // The partition and each stage's pp rank: what nn::gpt_decoder needs to decode over the stages.
+  nn::pipeline_layout layout() const { return {layers_, runtime_.plan().stage_to_rank}; }
   // This rank's stages, in increasing stage order.
   const std::vector<std::unique_ptr<stage_type>>& stages() const { return stages_; }
   const runtime_type& runtime() const { return runtime_; }
