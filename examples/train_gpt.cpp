@@ -498,8 +498,8 @@ int main(int argc, char** argv) {
                  "at the end, write the model as one plain safetensors file (the serial model's "
                  "names and shapes; needs --save)");
   CLI11_PARSE(app, argc, argv);
-  // Nor a GPU run: generation there is built but has not yet run on a GPU (test_gpu_gpt and
-  // tools/device_check.sh, which asks for samples, are to prove it), so it is off unless asked.
+  // Samples on a GPU only when asked: generation there is built but has not yet run on a GPU
+  // (test_gpu_gpt and tools/device_check.sh, which asks for samples, are to prove it).
   if (options.device == "cuda" && sample_tokens_option->count() == 0) options.sample_tokens = 0;
 
   bool printer = true;

@@ -7,7 +7,8 @@
 // micro-batches, the split backward of zero-bubble schedules) and experts (the all_to_all_v of
 // routed tokens; the routing of an sp group's tokens as one group; under Megatron-SP the tp group's
 // tokens gathered for the experts). Generation under ep: each rank's experts' rows, completed by an
-// all-reduce over ep, against the decoder of the model without ep.
+// all-reduce over ep, against the decoder of the model without ep; over pipeline stages, against
+// the serial decoder.
 #include <quintet/comm/staged_comm.hpp>
 #include <quintet/comm/thread_comm.hpp>
 #include <quintet/data/markov_source.hpp>
@@ -164,6 +165,16 @@ std::vector<float> decoded_logits(Decoder& decoder) {
   return logits;
 }
 
+// The elements of `got` farther than 1e-5 + 1e-5 |want| from `want`; NaN counts.
+std::size_t outside_tolerance(const std::vector<float>& got, const std::vector<float>& want) {
+  std::size_t outside = 0;
+  for (std::size_t i = 0; i < want.size(); ++i)
+    outside += std::abs(double(got[i]) - double(want[i])) <= 1e-5 + 1e-5 * std::abs(double(want[i]))
+                   ? 0
+                   : 1;
+  return outside;
+}
+
 }  // namespace
 
 TEST_CASE("cuda: a decoder under ep gives the logits of the decoder without ep", "[device]") {
@@ -200,12 +211,41 @@ TEST_CASE("cuda: a decoder under ep gives the logits of the decoder without ep",
   for (std::size_t rank = 0; rank < got.size(); ++rank) {
     INFO("ep rank " << rank);
     REQUIRE(got[rank].size() == want.size());
-    std::size_t outside = 0;  // NaN counts
-    for (std::size_t i = 0; i < want.size(); ++i)
-      outside += std::abs(double(got[rank][i]) - double(want[i])) <=
-                         1e-5 + 1e-5 * std::abs(double(want[i]))
-                     ? 0
-                     : 1;
-    CHECK(outside == 0);
+    CHECK(outside_tolerance(got[rank], want) == 0);
+  }
+}
+
+TEST_CASE("cuda: a decoder over pipeline stages gives the logits of the serial decoder",
+          "[device]") {
+  // Two pp ranks sharing the GPU under 1f1b: the rows sent down the stages through staged_comm,
+  // the last stage's logits broadcast; the same kernels on the same rows as the serial decoder.
+  using dp_pp = quintet::plan<par::dp<par::zero<par::runtime_stage>>, par::pp<par::named_schedule>>;
+  quintet::nn::gpt_config config = dense;
+  config.init_stddev = 0.3;  // logits of order 1, not near-uniform
+  train::training_options options = training;
+  options.micro_batches = 4;
+  options.zero_stage = 0;
+  options.pipeline.schedule = "1f1b";
+  const quintet::execution<quintet::cuda> serial_exec;
+  train::trainer<float, quintet::markov_source, quintet::serial_plan, par::no_mesh, quintet::cuda>
+      serial(source, config, training, serial_exec);
+  quintet::nn::gpt_decoder<float, quintet::cuda> serial_decoder(serial.model_parameters(),
+                                                                serial_exec, config);
+  const std::vector<float> want = decoded_logits(serial_decoder);
+  std::vector<std::vector<float>> got(2);
+  quintet::thread_world{2}.run([&](quintet::thread_comm& comm) {
+    const quintet::execution<quintet::cuda> exec;
+    staged staged_world(comm.split(0, comm.rank()));
+    mesh_type mesh(staged_world, {.pp = 2});
+    train::trainer<float, quintet::markov_source, dp_pp, mesh_type, quintet::cuda> trainer(
+        source, config, options, exec, &mesh);
+    quintet::nn::gpt_decoder<float, quintet::cuda, dp_pp, mesh_type> decoder(
+        trainer.model_parameters(), exec, config, &mesh, trainer.pipeline().layout());
+    got[static_cast<std::size_t>(comm.rank())] = decoded_logits(decoder);
+  });
+  for (std::size_t rank = 0; rank < got.size(); ++rank) {
+    INFO("pp rank " << rank);
+    REQUIRE(got[rank].size() == want.size());
+    CHECK(outside_tolerance(got[rank], want) == 0);
   }
 }

@@ -399,10 +399,13 @@ TEST_CASE("a decoder under ep computes the logits of the model without ep, bit f
 
 namespace {
 
-using pipeline_tensor_plan = quintet::plan<par::tp<par::megatron_1d>, par::pp<par::named_schedule>>;
+// train_gpt's pipeline plan: ZeRO's stage from training_options::zero_stage.
+using pipeline_tensor_plan = quintet::plan<par::dp<par::zero<par::runtime_stage>>,
+                                           par::tp<par::megatron_1d>, par::pp<par::named_schedule>>;
 
 // rank_generation from the model of a trainer under `Plan` over `degrees` at its initial
-// parameters, biases drawn away from zero: under pp through the trainer's pipeline stages.
+// parameters, biases drawn away from zero (under ZeRO-3 gathered first): under pp through the
+// trainer's pipeline stages.
 template <class Plan>
 std::vector<rank_generation> trainer_generation(quintet::mesh_degrees degrees,
                                                 const nn::gpt_config& config,
@@ -415,6 +418,7 @@ std::vector<rank_generation> trainer_generation(quintet::mesh_degrees degrees,
     mesh_type mesh(world, degrees);
     quintet::train::trainer<double, quintet::markov_source, Plan, mesh_type> trainer(
         source, config, options, rank_exec, &mesh);
+    const auto whole = trainer.whole_parameters();
     randomize_biases(trainer.model_parameters());
     nn::pipeline_layout layout;
     if constexpr (Plan::template has<par::strategy::pipeline>) layout = trainer.pipeline().layout();
@@ -438,7 +442,9 @@ TEST_CASE("a decoder over pipeline stages computes the logits of the model witho
   const quintet::train::training_options serial_options{
       .steps = 1, .batch = 4, .seq = 8, .warmup_steps = 0};
   quintet::train::training_options options = serial_options;
+  options.batch = 8;  // 4 micro-batches on each of up to 2 dp ranks
   options.micro_batches = 4;
+  options.zero_stage = 0;
   const auto check = [&](quintet::mesh_degrees degrees, const std::string& schedule) {
     INFO("pp " << degrees.pp << ", tp " << degrees.tp << ", " << schedule);
     options.pipeline.schedule = schedule;
@@ -467,6 +473,10 @@ TEST_CASE("a decoder over pipeline stages computes the logits of the model witho
     check({.pp = 2}, "1f1b");
     check({.pp = 2, .tp = 2}, "1f1b");
   }
+  SECTION("dp 2 x pp 2 under ZeRO-3 (each stage's shards gathered; the table on both ranks)") {
+    options.zero_stage = 3;
+    check({.dp = 2, .pp = 2}, "1f1b");
+  }
   SECTION("mixture of experts, dropless, top-2 in every other block, under zb-v") {
     config = dropless_moe(config, 2, 2);
     check({.pp = 2}, "zb-v");
@@ -491,12 +501,19 @@ TEST_CASE("a decoder over pipeline stages computes the logits of the model witho
       attempt({});
       attempt({.layers = {2, 1}, .stage_to_rank = {0, 1}});
       attempt({.layers = {2, 2}, .stage_to_rank = {0, 2}});
+      attempt({.layers = {2, 2}, .stage_to_rank = {0, 0}});
+      // Valid, but not the trainer's {2, 2}: rank 1 lacks block 1, and rank 0, which has what
+      // the layout asks of it, raises too instead of waiting for rank 1.
+      attempt({.layers = {1, 3}, .stage_to_rank = {0, 1}});
     });
     for (const std::string& e : errors) {
       CHECK_THAT(e, Catch::Contains("give the pipeline layout"));
       CHECK_THAT(e, Catch::Contains("the stages hold 3 layers, the model has 4"));
       CHECK_THAT(e, Catch::Contains("puts stage 1 on pp rank 2, outside pp = 2"));
+      CHECK_THAT(e, Catch::Contains("gives pp rank 1 no stage"));
     }
+    CHECK_THAT(errors[0], Catch::Contains("another pp rank could not build its part"));
+    CHECK_THAT(errors[1], Catch::Contains("no parameter named 'blocks.1.ln1.weight'"));
   }
 }
 

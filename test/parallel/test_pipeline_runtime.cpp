@@ -422,8 +422,9 @@ TEST_CASE("a stage rank that throws mid-schedule makes every other rank raise, n
               try {
                 pipeline.step(
                     [&](int mb) {
-                      // Rank 2 fails in the middle of its list (micro-batch 3's data).
-                      if (rank == 2 && mb == 3 && ++calls == 1)
+                      // Rank 2 fails in the middle of its list: micro-batch 3's data, asked
+                      // for the second time (the first is the check of the batches).
+                      if (rank == 2 && mb == 3 && ++calls == 2)
                         throw quintet::error("rank 2 lost its data");
                       const auto& b = batches[static_cast<std::size_t>(mb)];
                       return decltype(pipeline)::micro_batch{.tokens = b.inputs.view(),
@@ -449,5 +450,45 @@ TEST_CASE("a stage rank that throws mid-schedule makes every other rank raise, n
     }
     // Well within the timeout's reach: the abort frees them, or at worst one timeout.
     CHECK(elapsed < std::chrono::seconds(8));
+  }
+}
+
+TEST_CASE("pp ranks given different micro-batches all raise before the step runs",
+          "[pipeline][failure]") {
+  // The loader hands rank 1 micro-batch 3 in place of 2: its first stage would embed other tokens
+  // than the last stage scores. Every rank raises, naming the pp group, before any compute.
+  const int p = 2;
+  const auto s = pl::generate("1f1b", {.ranks = p, .micro_batches = 4});
+  const auto batches = micro_batches(4);
+  std::vector<std::string> errors(static_cast<std::size_t>(p));
+  std::vector<int> computed(static_cast<std::size_t>(p), -1);
+  quintet::thread_world({.size = p, .timeout = std::chrono::seconds(10)})
+      .run([&](quintet::thread_comm& world) {
+        quintet::device_mesh<quintet::thread_comm> mesh(world, {.pp = p});
+        quintet::nn::parameter_registry<double, host> registry(seed);
+        quintet::train::gpt_pipeline<double, host, quintet::thread_comm> pipeline(
+            registry, exec, config_of(true), s, mesh.pp());
+        const int rank = mesh.pp().rank();
+        try {
+          pipeline.step(
+              [&](int mb) {
+                const int given = rank == 1 && mb == 2 ? 3 : mb;
+                const auto& b = batches[static_cast<std::size_t>(given)];
+                return decltype(pipeline)::micro_batch{.tokens = b.inputs.view(),
+                                                       .targets = b.targets.view()};
+              },
+              1.0 / 64);
+        } catch (const quintet::error& e) {
+          errors[static_cast<std::size_t>(rank)] = e.what();
+        }
+        // The actions the runtime started (none: the check comes first).
+        computed[static_cast<std::size_t>(rank)] =
+            static_cast<int>(pipeline.runtime().stats().starts.size());
+      });
+  for (int r = 0; r < p; ++r) {
+    INFO("rank " << r);
+    CHECK_THAT(errors[static_cast<std::size_t>(r)],
+               Catch::Contains("the ranks of the pp group were given different micro-batches"));
+    CHECK(computed[static_cast<std::size_t>(r)] == 0);
   }
 }

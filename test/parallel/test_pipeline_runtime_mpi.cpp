@@ -71,10 +71,14 @@ void fail_mid_schedule(quintet::mpi_comm& world) {
   quintet::nn::parameter_registry<double, quintet::host> registry(seed);
   using pipeline_type = quintet::train::gpt_pipeline<double, quintet::host, quintet::mpi_comm>;
   pipeline_type pipeline(registry, exec, config_of(true), s, mesh.pp());
+  int calls = 0;
   try {
     pipeline.step(
         [&](int mb) {
-          if (mesh.pp().rank() == 2 && mb == 3) throw quintet::error("rank 2 lost its data");
+          // Micro-batch 3's data asked for the second time: mid-schedule (the first is the check
+          // of the batches, an all-reduce, where MPI could not interrupt the peers).
+          if (mesh.pp().rank() == 2 && mb == 3 && ++calls == 2)
+            throw quintet::error("rank 2 lost its data");
           const auto& b = batches[static_cast<std::size_t>(mb)];
           return pipeline_type::micro_batch{.tokens = b.inputs.view(), .targets = b.targets.view()};
         },

@@ -70,6 +70,18 @@ TEST_CASE("a plan reports the style of each strategy whatever the order", "[para
   CHECK(ring_tp::name() == "plan<sp<ring>, tp<megatron_1d>>");
 }
 
+TEST_CASE("a plan says whether a layer deciding over all tokens decides over a group of ranks",
+          "[parallel][plan]") {
+  // The tokens split over sp (ring, Ulysses) or sharded over tp (Megatron-SP): a MoE router
+  // decides over the group's tokens; whole sequences on every rank: over its own.
+  STATIC_REQUIRE(parallel::routes_tokens_over_group<tp_ring>);
+  STATIC_REQUIRE(parallel::routes_tokens_over_group<ulysses>);
+  STATIC_REQUIRE(parallel::routes_tokens_over_group<megatron_sp>);
+  STATIC_REQUIRE(!parallel::routes_tokens_over_group<tp_only>);
+  STATIC_REQUIRE(!parallel::routes_tokens_over_group<mine>);
+  STATIC_REQUIRE(!parallel::routes_tokens_over_group<quintet::serial_plan>);
+}
+
 TEST_CASE("the serial plan has no parallel strategy and runs on no axis", "[parallel][plan]") {
   using serial = quintet::serial_plan;
   STATIC_REQUIRE(!serial::has<strategy::data> && !serial::has<strategy::tensor> &&

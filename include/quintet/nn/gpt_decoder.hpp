@@ -67,7 +67,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <exception>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -124,61 +126,19 @@ class gpt_decoder {
     shard_ = parallel::vocab_shard_of(config.vocab, tp, tp_rank(mesh_));
     local_heads_ = config.heads / tp;
     width_ = config.d_model / tp;
-    holds_embedding_ = stages_.front().rank == pp_rank_;
-    holds_head_ = stages_.back().rank == pp_rank_;
-    if (holds_embedding_ || (holds_head_ && config.tie_weights))
-      token_table_ = &registry.find("embedding.token_weight");
-    if (holds_embedding_) position_table_ = &registry.find("embedding.position_weight");
-    for (std::int64_t l = 0; l < config.layers; ++l) {
-      const std::string b = "blocks." + std::to_string(l);
-      block_parameters block;
-      if (!holds_layer(l)) {  // another pp rank's block
-        blocks_.push_back(std::move(block));
-        continue;
-      }
-      block.cache_slot = held_layers_++;
-      block.ln1 = norm(registry, b + ".ln1");
-      block.qkv = affine(registry, b + ".attn.qkv");
-      block.attention_proj = affine(registry, b + ".attn.proj");
-      block.ln2 = norm(registry, b + ".ln2");
-      // The feed-forward the config gives block l; a registry of another model says which.
-      const auto part = [&](const std::string& name) -> parameter<T, Device>& {
-        for (auto& p : registry)
-          if (p.name == name) return p;
-        QUINTET_FAIL(
-            "gpt_decoder: the config makes block {} {}, but the registry has no '{}' (the "
-            "registry of a model with other experts or moe_every, or of another ep degree?)",
-            l,
-            config.is_moe_block(l) ? fmt::format("a mixture of {} experts (moe_every {})",
-                                                 config.experts, config.moe_every)
-                                   : std::string("dense"),
-            name);
-      };
-      const auto linear = [&](const std::string& name) {
-        return affine_parameters{&part(name + ".weight"), &part(name + ".bias")};
-      };
-      if (config.is_moe_block(l)) {
-        block.router = &part(b + ".moe.router.weight");
-        for (std::int64_t e = experts_here_.first_expert();
-             e < experts_here_.first_expert() + experts_here_.local_experts(); ++e) {
-          const std::string expert = b + ".moe.experts." + std::to_string(e);
-          block.expert_fc.push_back(linear(expert + ".fc"));
-          block.expert_proj.push_back(linear(expert + ".proj"));
-        }
-      } else {
-        block.fc = linear(b + ".mlp.fc");
-        block.mlp_proj = linear(b + ".mlp.proj");
-      }
-      blocks_.push_back(std::move(block));
+    // Under pp a rank that failed alone would leave the others waiting for it in the first send
+    // or broadcast: the pp ranks agree first, and every one raises if any failed.
+    std::exception_ptr failure;
+    try {
+      find_parameters(registry);
+      check_shapes();
+    } catch (...) {
+      failure = std::current_exception();
     }
-    if (holds_head_) {
-      final_norm_ = norm(registry, "final_norm");
-      head_ = config.tie_weights ? token_table_ : &registry.find("lm_head.weight");
-    }
-    check_shapes();
+    agree_over_pp(failure);
   }
   gpt_decoder(parameter_registry<T, Device>&, const execution<Device>&&, const gpt_config&,
-              Mesh* = nullptr) = delete;
+              Mesh* = nullptr, const pipeline_layout& = {}) = delete;
 
   // An empty cache for `batch` sequences of up to `capacity` positions (the position table's
   // rows by default), of the blocks this rank holds.
@@ -226,6 +186,7 @@ class gpt_decoder {
       if (!holds_head_) logits = quintet::tensor<T, Device>(shape{batch, n, config_.vocab});
       mesh_->pp().broadcast(logits, holder);
     }
+    exec_.synchronize();  // the caller reads the logits next (generate copies them to the host)
     return logits;
   }
 
@@ -320,6 +281,75 @@ class gpt_decoder {
     }
   }
 
+  // This rank's parameters, found by name: the embedding on the first stage's rank, the head on
+  // the last's, the blocks of its stages (every one without pp).
+  void find_parameters(parameter_registry<T, Device>& registry) {
+    holds_embedding_ = stages_.front().rank == pp_rank_;
+    holds_head_ = stages_.back().rank == pp_rank_;
+    if (holds_embedding_ || (holds_head_ && config_.tie_weights))
+      token_table_ = &registry.find("embedding.token_weight");
+    if (holds_embedding_) position_table_ = &registry.find("embedding.position_weight");
+    for (std::int64_t l = 0; l < config_.layers; ++l) {
+      const std::string b = "blocks." + std::to_string(l);
+      block_parameters block;
+      if (!holds_layer(l)) {  // another pp rank's block
+        blocks_.push_back(std::move(block));
+        continue;
+      }
+      block.cache_slot = held_layers_++;
+      block.ln1 = norm(registry, b + ".ln1");
+      block.qkv = affine(registry, b + ".attn.qkv");
+      block.attention_proj = affine(registry, b + ".attn.proj");
+      block.ln2 = norm(registry, b + ".ln2");
+      // The feed-forward the config gives block l; a registry of another model says which.
+      const auto part = [&](const std::string& name) -> parameter<T, Device>& {
+        for (auto& p : registry)
+          if (p.name == name) return p;
+        QUINTET_FAIL(
+            "gpt_decoder: the config makes block {} {}, but the registry has no '{}' (the "
+            "registry of a model with other experts or moe_every, or of another ep degree?)",
+            l,
+            config_.is_moe_block(l) ? fmt::format("a mixture of {} experts (moe_every {})",
+                                                  config_.experts, config_.moe_every)
+                                    : std::string("dense"),
+            name);
+      };
+      const auto linear = [&](const std::string& name) {
+        return affine_parameters{&part(name + ".weight"), &part(name + ".bias")};
+      };
+      if (config_.is_moe_block(l)) {
+        block.router = &part(b + ".moe.router.weight");
+        for (std::int64_t e = experts_here_.first_expert();
+             e < experts_here_.first_expert() + experts_here_.local_experts(); ++e) {
+          const std::string expert = b + ".moe.experts." + std::to_string(e);
+          block.expert_fc.push_back(linear(expert + ".fc"));
+          block.expert_proj.push_back(linear(expert + ".proj"));
+        }
+      } else {
+        block.fc = linear(b + ".mlp.fc");
+        block.mlp_proj = linear(b + ".mlp.proj");
+      }
+      blocks_.push_back(std::move(block));
+    }
+    if (holds_head_) {
+      final_norm_ = norm(registry, "final_norm");
+      head_ = config_.tie_weights ? token_table_ : &registry.find("lm_head.weight");
+    }
+  }
+  // Raises on every pp rank when any failed to build (failure: this rank's error, or null).
+  void agree_over_pp(const std::exception_ptr& failure) {
+    if constexpr (pipelined) {
+      const std::int32_t built = failure == nullptr ? 1 : 0;
+      quintet::tensor<std::int32_t, Device> all_built(shape{1});
+      copy(all_built, tensor_view<const std::int32_t, host>(&built, shape{1}));
+      mesh_->pp().all_reduce(all_built, reduce_op::min);
+      QUINTET_CHECK(values_on_host(all_built)[0] == 1 || failure != nullptr,
+                    "gpt_decoder: another pp rank could not build its part of the decoder (its "
+                    "error says why: a layout or registry that does not match the pipeline's?)");
+    }
+    if (failure != nullptr) std::rethrow_exception(failure);
+  }
+
   // A stage's blocks [first_layer, end_layer) and the pp rank that holds them.
   struct stage_span {
     std::int64_t first_layer, end_layer;
@@ -353,6 +383,12 @@ class gpt_decoder {
         spans.push_back({first, first + layout.layers[s], rank});
         first += layout.layers[s];
       }
+      for (int rank = 0; rank < pp; ++rank)
+        QUINTET_CHECK(std::any_of(spans.begin(), spans.end(),
+                                  [&](const stage_span& stage) { return stage.rank == rank; }),
+                      "gpt_decoder: the pipeline layout gives pp rank {} no stage (every pp rank "
+                      "holds at least one)",
+                      rank);
       return spans;
     }
   }

@@ -1,7 +1,8 @@
 // check_replicated_batch<Plan>: on the axes the plan does not split the batch over (tp, sp), every
 // rank is given the whole micro-batch and picks its rows itself (the sequence styles' layouts);
-// pp's ranks are too, but they run their stages' forwards at different times and are not
-// compared (Plan::batch_checked_axes). A
+// pp's ranks are too, but they run their stages' forwards at different times, so a pipeline
+// compares its step's micro-batches once before the step instead (micro_batch_hash and
+// require_same_batches over pp; train::gpt_pipeline), not here (Plan::batch_checked_axes). A
 // loader that hands ranks different batches — its own rows, say, as other libraries' sequence
 // parallelism expects, or one that drifts after a resume — would otherwise train on garbage
 // silently. Each forward, each rank hashes the shapes and ids of its tokens and targets; one
@@ -55,16 +56,33 @@ void require_same_hash(Comm& group, std::int64_t hash, std::string_view axis) {
 
 }  // namespace detail
 
+// FNV-1a's offset basis: the hash of no micro-batch.
+inline constexpr std::uint64_t no_batch_hash = 14695981039346656037ull;
+
+// The hash of a micro-batch's tokens and targets (shapes and ids), continuing `hash` (chain the
+// micro-batches of a step through it).
+template <class Device>
+std::int64_t micro_batch_hash(tensor_view<const std::int32_t, Device> tokens,
+                              tensor_view<const std::int32_t, Device> targets,
+                              std::uint64_t hash = no_batch_hash) {
+  return detail::batch_hash(targets, static_cast<std::uint64_t>(detail::batch_hash(tokens, hash)));
+}
+
+// Raises on every rank of `group` (the ranks of `axis`) unless they all give the same hash.
+template <class Comm>
+void require_same_batches(Comm& group, std::int64_t hash, std::string_view axis) {
+  detail::require_same_hash(group, hash, axis);
+}
+
 // tokens, targets (batch, seq): must be the same on every rank of each axis in
 // Plan::batch_checked_axes (the replicated axes but the pipeline's).
 template <class Plan, class Mesh, class Device>
 void check_replicated_batch(Mesh* mesh, tensor_view<const std::int32_t, Device> tokens,
                             tensor_view<const std::int32_t, Device> targets) {
   if constexpr (!Plan::batch_checked_axes.empty()) {
-    const std::int64_t hash = detail::batch_hash(
-        targets, static_cast<std::uint64_t>(detail::batch_hash(tokens, 14695981039346656037ull)));
+    const std::int64_t hash = micro_batch_hash(tokens, targets);
     Plan::batch_checked_axes.for_each(
-        [&](mesh_axis axis) { detail::require_same_hash(mesh->axis(axis), hash, name_of(axis)); });
+        [&](mesh_axis axis) { require_same_batches(mesh->axis(axis), hash, name_of(axis)); });
   }
 }
 

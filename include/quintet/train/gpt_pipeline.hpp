@@ -32,6 +32,7 @@
 #include <quintet/parallel/pipeline/schedule.hpp>
 #include <quintet/parallel/pipeline/shared_gradients.hpp>
 #include <quintet/parallel/plan.hpp>
+#include <quintet/parallel/replicated_batch.hpp>
 #include <quintet/tensor/tensor.hpp>
 #include <quintet/tensor/tensor_view.hpp>
 
@@ -94,6 +95,7 @@ class gpt_pipeline {
   // aux_loss_scale: d objective / d (each MoE block's auxiliary losses of a micro-batch).
   std::vector<kernels::cross_entropy_result> step(const data_source& data, double loss_scale,
                                                   bool shared = true, double aux_loss_scale = 1.0) {
+    check_same_batches(data, runtime_.plan().micro_batches);
     typename runtime_type::links link;
     link.input = [&](int, int m, const typename stage_type::output_type* previous) {
       const micro_batch batch = data(m);
@@ -149,6 +151,7 @@ class gpt_pipeline {
   // each micro-batch's loss on the rank holding the last stage, nothing elsewhere.
   std::vector<kernels::cross_entropy_result> forward_only(const data_source& data,
                                                           int micro_batches) {
+    check_same_batches(data, micro_batches);
     const parallel::pipeline::schedule& s = runtime_.plan();
     const int me = pp_.rank();
     const int last = s.stages() - 1;
@@ -203,6 +206,21 @@ class gpt_pipeline {
   }
 
  private:
+  // Every pp rank must be given the same micro-batches (the first stage embeds the tokens, the
+  // last scores the targets): one hash of them all, compared over pp before anything runs, so a
+  // loader that hands the ranks different rows fails on every rank instead of training on
+  // mismatched tokens and targets. The cost: the ids copied to the host and a 16-byte all-reduce.
+  void check_same_batches(const data_source& data, int micro_batches) {
+    if (pp_.size() == 1) return;
+    std::uint64_t hash = parallel::no_batch_hash;
+    for (int m = 0; m < micro_batches; ++m) {
+      const micro_batch batch = data(m);
+      hash =
+          static_cast<std::uint64_t>(parallel::micro_batch_hash(batch.tokens, batch.targets, hash));
+    }
+    parallel::require_same_batches(pp_, static_cast<std::int64_t>(hash), "pp");
+  }
+
   // The activations between two stages on this rank: (batch, rows, d), the rows the plan's
   // sequence layout gives this rank (whole under tp alone, a part under sequence parallelism).
   shape boundary_of(const micro_batch& batch) const {
