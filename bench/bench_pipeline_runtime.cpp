@@ -15,24 +15,40 @@
 // ranks, one layer each (6 layers, batch 24 x 64 in 12 micro-batches). They need 6 free cores: on
 // the 2-core development VM the ranks take turns and the ratio to the simulator measures that.
 // tools/device_check.sh runs them on the device machine's host cores.
+//
+// The dualpipe_v_moe rows: DualPipeV's overlapped pairs with experts in every block over ep 2
+// (dp 2 x pp 2, 4 thread ranks), each run twice in one process — the pairs' halves one after the
+// other, then overlapped (runtime::overlap_pairs) — on a link whose all-to-alls take at least
+// `latency_us` (slow_link_comm: 0, a link as fast as the threads; 1000, a slow network). The
+// benchmark's time is the overlapped step; the counters are the step one after the other
+// (sequential_ms), their ratio (overlapped_over_sequential), the mean pair (F&B) both ways, and the
+// hand-overs per step. Both runs must end on the same losses (checked).
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
 
+#include <quintet/comm/comm_request.hpp>
+#include <quintet/comm/communicator.hpp>
 #include <quintet/comm/thread_comm.hpp>
 #include <quintet/data/markov_source.hpp>
 #include <quintet/mesh/device_mesh.hpp>
+#include <quintet/parallel/data/zero.hpp>
+#include <quintet/parallel/expert/top_k.hpp>
 #include <quintet/parallel/pipeline/catalog.hpp>
 #include <quintet/parallel/pipeline/simulator.hpp>
 #include <quintet/parallel/plan.hpp>
 #include <quintet/train/trainer.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -140,6 +156,183 @@ void pipeline_step(benchmark::State& state, const std::string& schedule, int pp)
   state.counters["bubble_simulated"] = bubble_simulated / n;
 }
 
+// A communicator whose all-to-alls take at least `latency` from their start to their end (a
+// network's latency the threads do not have); everything else is the inner communicator's.
+template <quintet::communicator Comm>
+class slow_link_comm : public quintet::communicator_api<slow_link_comm<Comm>, host> {
+ public:
+  slow_link_comm(Comm inner, std::chrono::microseconds latency)
+      : inner_(std::move(inner)), latency_(latency) {}
+  int rank() const { return inner_.rank(); }
+  int size() const { return inner_.size(); }
+  slow_link_comm split(int color, int key) { return {inner_.split(color, key), latency_}; }
+
+ private:
+  friend class quintet::communicator_api<slow_link_comm<Comm>, host>;
+  using clock = std::chrono::steady_clock;
+  using buffer = quintet::comm_buffer;
+  using counts = std::span<const std::int64_t>;
+
+  // An inner request that is complete no earlier than `due`.
+  class delayed final : public quintet::detail::pending_operation {
+   public:
+    delayed(quintet::comm_request inner, clock::time_point due)
+        : inner_(std::move(inner).release()), due_(due) {}
+    void wait() override {
+      if (inner_) inner_->wait();
+      std::this_thread::sleep_until(due_);
+    }
+    bool ready() override { return (!inner_ || inner_->ready()) && clock::now() >= due_; }
+    void abandon(const std::string& message) noexcept override {
+      if (inner_) inner_->abandon(message);
+    }
+
+   private:
+    std::shared_ptr<quintet::detail::pending_operation> inner_;
+    clock::time_point due_;
+  };
+
+  template <class Call>
+  void views(buffer in, buffer out, Call call) {
+    quintet::detail::with_typed_views<host>(in, out, call);
+  }
+
+  void do_all_reduce(buffer in, buffer out, quintet::reduce_op op) {
+    if (in.data == out.data) {
+      quintet::detail::with_typed_view<host, true>(out, [&](auto b) { inner_.all_reduce(b, op); });
+    } else {
+      views(in, out, [&](auto i, auto o) { inner_.all_reduce(i, o, op); });
+    }
+  }
+  quintet::comm_request do_all_reduce_async(buffer in, buffer out, quintet::reduce_op op) {
+    if (in.data == out.data)
+      return quintet::detail::with_typed_view<host, true>(
+          out, [&](auto b) { return inner_.all_reduce_async(b, op); });
+    return quintet::detail::with_typed_views<host>(
+        in, out, [&](auto i, auto o) { return inner_.all_reduce_async(i, o, op); });
+  }
+  void do_reduce_scatter(buffer in, buffer out, quintet::reduce_op op) {
+    views(in, out, [&](auto i, auto o) { inner_.reduce_scatter(i, o, op); });
+  }
+  quintet::comm_request do_reduce_scatter_async(buffer in, buffer out, quintet::reduce_op op) {
+    return quintet::detail::with_typed_views<host>(
+        in, out, [&](auto i, auto o) { return inner_.reduce_scatter_async(i, o, op); });
+  }
+  void do_all_gather(buffer in, buffer out) {
+    views(in, out, [&](auto i, auto o) { inner_.all_gather(i, o); });
+  }
+  quintet::comm_request do_all_gather_async(buffer in, buffer out) {
+    return quintet::detail::with_typed_views<host>(
+        in, out, [&](auto i, auto o) { return inner_.all_gather_async(i, o); });
+  }
+  void do_broadcast(buffer inout, int root) {
+    quintet::detail::with_typed_view<host, true>(inout, [&](auto b) { inner_.broadcast(b, root); });
+  }
+  void do_all_to_all(buffer in, buffer out) {
+    const auto due = clock::now() + latency_;
+    views(in, out, [&](auto i, auto o) { inner_.all_to_all(i, o); });
+    std::this_thread::sleep_until(due);
+  }
+  void do_all_to_all_v(buffer in, counts in_counts, buffer out, counts out_counts) {
+    const auto due = clock::now() + latency_;
+    views(in, out, [&](auto i, auto o) { inner_.all_to_all_v(i, in_counts, o, out_counts); });
+    std::this_thread::sleep_until(due);
+  }
+  quintet::comm_request do_all_to_all_v_async(buffer in, counts in_counts, buffer out,
+                                              counts out_counts) {
+    const auto due = clock::now() + latency_;
+    return quintet::comm_request(std::make_shared<delayed>(
+        quintet::detail::with_typed_views<host>(
+            in, out,
+            [&](auto i, auto o) { return inner_.all_to_all_v_async(i, in_counts, o, out_counts); }),
+        due));
+  }
+  void do_exchange(std::span<const quintet::p2p_op> ops) { inner_.exchange(ops); }
+  quintet::comm_request do_exchange_async(std::span<const quintet::p2p_op> ops) {
+    return inner_.exchange_async(ops);
+  }
+  void do_barrier() { inner_.barrier(); }
+
+  Comm inner_;
+  std::chrono::microseconds latency_;
+};
+
+using slow_link = slow_link_comm<quintet::thread_comm>;
+using slow_mesh = quintet::device_mesh<slow_link>;
+using moe_pipeline_plan = quintet::plan<par::dp<par::zero<0>>, par::ep<par::top_k<par::runtime_k>>,
+                                        par::pp<par::named_schedule>>;
+
+// The mean duration of the overlapped pairs (F&B) of a measured step, in ms.
+double mean_pair_ms(const pipe::simulation& measured) {
+  double total = 0;
+  int pairs = 0;
+  for (const auto& rank : measured.timeline)
+    for (const pipe::timed_action& t : rank)
+      if (t.what.kind == pipe::action_kind::overlap_f_b) {
+        total += t.end - t.start;
+        ++pairs;
+      }
+  return pairs > 0 ? total / pairs : 0.0;
+}
+
+// 4 layers of d 128, 4 experts top-2 in every block (dropless), dp 2 x pp 2 with ep 2, 8
+// micro-batches of 2 rows per dp rank; dualpipe-v (4 virtual stages of one layer).
+void dualpipe_v_moe(benchmark::State& state, std::chrono::microseconds latency) {
+  const quintet::nn::gpt_config model{.vocab = 16,
+                                      .max_seq = 64,
+                                      .layers = 4,
+                                      .d_model = 128,
+                                      .heads = 4,
+                                      .experts = 4,
+                                      .top_k = 2,
+                                      .moe_every = 1,
+                                      .capacity_factor = 0.0};
+  quintet::train::training_options options{
+      .steps = 1 << 30, .batch = 32, .seq = 64, .micro_batches = 8, .warmup_steps = 0};
+  options.pipeline = {.schedule = "dualpipe-v",
+                      .virtual_stages = 2,
+                      .layers = {},
+                      .partition = quintet::train::layer_partition::even};
+  struct way {
+    double step_ms = 0, pair_ms = 0;
+    int hand_overs = 0;
+    std::vector<double> losses;
+  };
+  way ways[2];  // [0]: one after the other, [1]: overlapped
+  for (const bool overlap : {false, true}) {
+    way& w = ways[overlap ? 1 : 0];
+    options.pipeline.overlap_pairs = overlap;
+    quintet::thread_world{4}.run([&](quintet::thread_comm& world) {
+      const quintet::execution<host> exec(1);
+      slow_link link(world.split(0, world.rank()), latency);
+      slow_mesh mesh(link, {.dp = 2, .pp = 2, .ep = 2});
+      quintet::train::trainer<float, quintet::markov_source, moe_pipeline_plan, slow_mesh> trainer(
+          source, model, options, exec, &mesh);
+      for (int s = 0; s < warm_up_steps; ++s) trainer.train_step();
+      for (int s = 0; s < measured_steps; ++s) {
+        const double loss = trainer.train_step().loss;
+        const auto& runtime = trainer.pipeline().runtime();
+        const int hand_overs = runtime.stats().hand_overs;
+        const pipe::simulation timeline = runtime.measured_timeline();  // collective over pp
+        if (link.rank() == 0) {
+          w.step_ms += timeline.makespan / measured_steps;
+          w.pair_ms += mean_pair_ms(timeline) / measured_steps;
+          w.hand_overs += hand_overs;
+          w.losses.push_back(loss);
+        }
+      }
+    });
+  }
+  if (ways[0].losses != ways[1].losses)
+    throw std::runtime_error("bench_pipeline_runtime: overlapped pairs changed the losses");
+  for (auto _ : state) state.SetIterationTime(ways[1].step_ms / 1e3);
+  state.counters["sequential_ms"] = ways[0].step_ms;
+  state.counters["overlapped_over_sequential"] = ways[1].step_ms / ways[0].step_ms;
+  state.counters["pair_ms_sequential"] = ways[0].pair_ms;
+  state.counters["pair_ms_overlapped"] = ways[1].pair_ms;
+  state.counters["hand_overs_per_step"] = static_cast<double>(ways[1].hand_overs) / measured_steps;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -157,6 +350,16 @@ int main(int argc, char** argv) {
         (std::string("pipeline_step/") + row.name).c_str(),
         [schedule = std::string(row.schedule), pp = row.pp](benchmark::State& state) {
           pipeline_step(state, schedule, pp);
+        })
+        ->Iterations(1)
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond);
+  }
+  for (const int latency_us : {0, 1000}) {
+    benchmark::RegisterBenchmark(
+        ("pipeline_step/dualpipe_v_moe/latency_us:" + std::to_string(latency_us)).c_str(),
+        [latency_us](benchmark::State& state) {
+          dualpipe_v_moe(state, std::chrono::microseconds(latency_us));
         })
         ->Iterations(1)
         ->UseManualTime()

@@ -257,7 +257,8 @@ int train(const token_source_type& source, const token_source_type* held_out,
         .layers = options.pp_layers.empty() || named ? std::vector<int>{}
                                                      : quintet::nn::parse_layers(options.pp_layers),
         .partition = options.pp_layers == "even" ? quintet::train::layer_partition::even
-                                                 : quintet::train::layer_partition::balanced};
+                                                 : quintet::train::layer_partition::balanced,
+        .overlap_pairs = options.pair_overlap};
   }
   check_parallel_options(options);
   if (options.device == "cuda") return train_on_device(source, held_out, options);
@@ -363,6 +364,11 @@ int main(int argc, char** argv) {
           {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v", "dualpipe-v", "bpipe"}));
   app.add_option("--virtual-stages", options.virtual_stages,
                  "stages (chunks) per rank of --schedule interleaved")
+      ->capture_default_str();
+  app.add_flag(
+         "--pair-overlap,!--no-pair-overlap", options.pair_overlap,
+         "--schedule dualpipe-v: each overlapped pair's forward computes while its backward's "
+         "expert all-to-all travels, and back (the same results as without)")
       ->capture_default_str();
   app.add_option("--pp-layers", options.pp_layers,
                  "layers per (virtual) stage with --pp, in stage order, e.g. 3,3,2; or even (the "

@@ -60,6 +60,7 @@ struct program_options {
   int ep = 1;                     // expert-parallel degree (subdivides dp)
   std::string schedule = "1f1b";  // the pipeline schedule (the catalog's names)
   int virtual_stages = 2;         // chunks per rank of --schedule interleaved
+  bool pair_overlap = true;       // dualpipe-v: each pair's halves overlap
   std::string pp_layers;   // "3,3,2" (layers per virtual stage), even, balanced; empty: balanced
   std::string trace_path;  // --pp: the last step's measured timeline (Perfetto JSON)
   std::string sp_style = "none";  // none, megatron (on the tp group), ulysses, ring
@@ -187,6 +188,8 @@ inline void write_report(const std::string& path, const program_options& options
       .member("ep", options.ep)
       .member("schedule", options.pp > 1 ? options.schedule : "none")
       .member("virtual_stages", options.virtual_stages)
+      .member("pair_overlap",
+              options.pp > 1 && options.schedule == "dualpipe-v" && options.pair_overlap)
       .member("pp_layers", options.pp <= 1              ? ""
                            : !t.pipeline.layers.empty() ? quintet::nn::to_string(t.pipeline.layers)
                            : options.pp_layers.empty()  ? "balanced"
@@ -436,11 +439,19 @@ void run_rank(const token_source_type& source, const token_source_type* held_out
     if constexpr (Plan::template has<quintet::parallel::strategy::pipeline>) {
       const auto& pipeline = trainer.pipeline();
       const auto& plan = pipeline.runtime().plan();
+      const bool pairs = std::ranges::any_of(plan.actions, [](const auto& list) {
+        return std::ranges::any_of(list, [](const quintet::parallel::pipeline::action& a) {
+          return a.kind == quintet::parallel::pipeline::action_kind::overlap_f_b;
+        });
+      });
       fmt::print(
           "  pipeline parallel {}: schedule {} ({} stages, {} per rank), layers per stage {}, {} "
-          "micro-batches\n",
+          "micro-batches{}\n",
           options.pp, plan.name, plan.stages(), plan.stages() / options.pp,
-          quintet::nn::to_string(pipeline.layers()), plan.micro_batches);
+          quintet::nn::to_string(pipeline.layers()), plan.micro_batches,
+          !pairs                               ? ""
+          : pipeline.runtime().overlap_pairs() ? ", pairs overlapped at their collectives"
+                                               : ", pairs in sequence");
     }
     if constexpr (!std::is_same_v<T, float>)
       fmt::print(
@@ -551,6 +562,9 @@ void run_rank(const token_source_type& source, const token_source_type* held_out
       if (printer)
         fmt::print("pipeline peak context KiB per pp rank (step {}): {}\n", trainer.next_step() - 1,
                    peaks);
+      if (printer && runtime.stats().hand_overs > 0)
+        fmt::print("pipeline overlapped pairs: {} hand-overs between halves on rank 0 (step {})\n",
+                   runtime.stats().hand_overs, trainer.next_step() - 1);
     }
     if (printer && !options.trace_path.empty()) {
       std::ofstream(options.trace_path)

@@ -6,8 +6,9 @@
 // tp. Without dp (the trainer then sums the partial gradients itself): pp 2 x ring sp 2, pp 2 x
 // Megatron-SP tp 2 (the stages send seq / tp rows), pp 2 x Ulysses sp 2 (also with tp 2). dp 2 x
 // pp 2 under ZeRO-1, ZeRO-2 and ZeRO-3 (under every built-in schedule), dp 2 x
-// pp 2 x Ulysses sp 2 under ZeRO-1. The gradient norm, every step, equals the serial one on every
-// rank.
+// pp 2 x Ulysses sp 2 under ZeRO-1. dp 2 x pp 2 x ep 2 under 1f1b, zb-v and dualpipe-v, whose
+// overlapped pairs give the bits of pairs run one after the other. The gradient norm, every step,
+// equals the serial one on every rank.
 #include <catch2/catch.hpp>
 
 #include "gpt_parity.hpp"
@@ -162,6 +163,62 @@ TEST_CASE("pp x ep trains like the serial GPT: the experts split over ep inside 
     INFO(with_drops.summary());
     REQUIRE(with_drops.uncovered.empty());
     REQUIRE(with_drops.passed);
+  }
+}
+
+// DualPipeV's F&B pairs with experts in every block: each half starts its all-to-alls and hands
+// the rank to the other half while they travel (runtime::overlap_pairs, comm/overlapped_pair.hpp).
+TEST_CASE(
+    "dualpipe-v under pp x ep: the pairs' halves overlap at the experts' all-to-alls, and "
+    "train as one after the other, bit for bit",
+    "[parity][pipeline]") {
+  quintet::nn::gpt_config moe = composed_moe_model();
+  moe.moe_every = 1;  // every stage has experts: both halves of every pair hand over
+  SECTION("against the serial GPT") {
+    require_composed_parity<ep_pp_plan>("dualpipe-v", {.dp = 2, .pp = 2, .ep = 2}, moe, 0, 0);
+  }
+  SECTION("against the serial GPT under ZeRO-1, buckets of 500 elements") {
+    require_composed_parity<ep_pp_plan>("dualpipe-v", {.dp = 2, .pp = 2, .ep = 2}, moe, 500, 1);
+  }
+  SECTION("overlapped and not: the same bits, under ZeRO-0 and ZeRO-3") {
+    const quintet::execution<host> exec(1);
+    const masked_source data;
+    for (const int zero_stage : {0, 3}) {
+      INFO("ZeRO stage " << zero_stage);
+      // Per rank: every step's loss, then every parameter's values; the pairs' hand-overs.
+      std::vector<std::vector<double>> runs[2];
+      std::vector<int> hand_overs[2];
+      for (const bool overlap : {true, false}) {
+        auto options = composed_training("dualpipe-v");
+        options.zero_stage = zero_stage;
+        options.pipeline.overlap_pairs = overlap;
+        auto& values = runs[overlap ? 0 : 1];
+        auto& turns = hand_overs[overlap ? 0 : 1];
+        values.assign(4, {});
+        turns.assign(4, 0);
+        quintet::thread_world{4}.run([&](quintet::thread_comm& comm) {
+          mesh_type mesh(comm, {.dp = 2, .pp = 2, .ep = 2});
+          train::trainer<float, masked_source, ep_pp_plan, mesh_type> run(data, moe, options, exec,
+                                                                          &mesh);
+          auto& mine = values[static_cast<std::size_t>(comm.rank())];
+          for (int s = 0; s < 5; ++s) {
+            mine.push_back(run.train_step().loss);
+            turns[static_cast<std::size_t>(comm.rank())] +=
+                run.pipeline().runtime().stats().hand_overs;
+          }
+          const auto whole = run.whole_parameters();
+          for (const auto& p : run.parameters())
+            mine.insert(mine.end(), p.value.data(), p.value.data() + p.value.numel());
+        });
+      }
+      for (int r = 0; r < 4; ++r) {
+        INFO("rank " << r);
+        CHECK(hand_overs[0][static_cast<std::size_t>(r)] > 0);
+        CHECK(hand_overs[1][static_cast<std::size_t>(r)] == 0);
+        REQUIRE(runs[0][static_cast<std::size_t>(r)].size() > 5);
+        CHECK(runs[0][static_cast<std::size_t>(r)] == runs[1][static_cast<std::size_t>(r)]);
+      }
+    }
   }
 }
 

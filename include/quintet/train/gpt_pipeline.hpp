@@ -200,6 +200,8 @@ class gpt_pipeline {
   // This rank's stages, in increasing stage order.
   const std::vector<std::unique_ptr<stage_type>>& stages() const { return stages_; }
   const runtime_type& runtime() const { return runtime_; }
+  // Whether DualPipeV's pairs overlap their halves (runtime::overlap_pairs).
+  void overlap_pairs(bool on) { runtime_.overlap_pairs(on); }
   // Whether this rank holds the last stage (and so returns the losses).
   bool scores() const {
     return runtime_.plan().rank_of(runtime_.plan().stages() - 1) == pp_.rank();

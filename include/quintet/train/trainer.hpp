@@ -115,6 +115,9 @@ struct pipeline_options {
   int virtual_stages = 2;   // chunks per rank of a named interleaved schedule
   std::vector<int> layers;  // layers per virtual stage, in stage order; empty: by `partition`
   layer_partition partition = layer_partition::even;
+  // DualPipeV's F&B pairs overlap their halves (one computes while the other's expert all-to-all
+  // is in flight); false: one after the other. The results are the same bits either way.
+  bool overlap_pairs = true;
 };
 
 struct training_options {
@@ -334,7 +337,9 @@ class trainer {
     model_slot(nn::parameter_registry<T, Device>& registry, const execution<Device>& exec,
                const nn::gpt_config& config, const training_options& options, M* mesh)
         : pipeline(registry, exec, config, make_schedule(options, mesh->pp().size()), mesh->pp(),
-                   layers_of(options, config, *mesh), mesh) {}
+                   layers_of(options, config, *mesh), mesh) {
+      pipeline.overlap_pairs(options.pipeline.overlap_pairs);
+    }
     const nn::gpt_config& config() const { return pipeline.config(); }
     std::vector<stage_type*> stages() {
       std::vector<stage_type*> out;

@@ -18,9 +18,13 @@
 //                     together) and its kept rows for each of the peer's experts
 //   dispatch          all_to_all_v of the rows to the experts' owners
 //   combine           all_to_all_v of the experts' rows back to the tokens' ranks
+// Inside a half of an overlapped pair (DualPipe's F&B, comm/overlapped_pair.hpp) each of the three
+// is started asynchronously and awaited with await_collective, so the pair's other half computes
+// while the rows travel; elsewhere they block.
 #pragma once
 
 #include <quintet/comm/communicator.hpp>
+#include <quintet/comm/overlapped_pair.hpp>
 #include <quintet/core/error.hpp>
 #include <quintet/mesh/device_mesh.hpp>
 #include <quintet/mesh/mesh_like.hpp>
@@ -194,7 +198,12 @@ class expert_exchange {
                       out.shape()[1] == width,
                   "expert exchange ({}): rows {} and out {} for {} rows in and {} out of width {}",
                   what, in.shape(), out.shape(), in_rows, out_rows, width);
-    ep_.all_to_all_v(in, in_counts, out, out_counts);
+    if (inside_overlapped_half()) {  // the other half of a DualPipe pair runs meanwhile
+      comm_request moved = ep_.all_to_all_v_async(in, in_counts, out, out_counts);
+      await_collective(moved);
+    } else {
+      ep_.all_to_all_v(in, in_counts, out, out_counts);
+    }
   }
 
   // One all_to_all of int64 host counts (through device memory on a device communicator).
@@ -204,13 +213,26 @@ class expert_exchange {
     const tensor_view<const std::int64_t, host> sent(outgoing.data(), extents);
     const tensor_view<std::int64_t, host> arrived(incoming.data(), extents);
     if constexpr (std::same_as<device_type, host>) {
-      ep_.all_to_all(sent, arrived);
+      all_to_all_counts(sent, arrived);
     } else {
       tensor<std::int64_t, device_type> on_device(extents), back(extents);
       copy(on_device, sent);
-      ep_.all_to_all(on_device, back);
+      all_to_all_counts(on_device.view(), back.view());
       copy(arrived, back);
     }
+  }
+
+  // The counts' all_to_all: blocking, or inside an overlapped half started and awaited there.
+  void all_to_all_counts(tensor_view<const std::int64_t, device_type> in,
+                         tensor_view<std::int64_t, device_type> out) {
+    if (!inside_overlapped_half()) {
+      ep_.all_to_all(in, out);
+      return;
+    }
+    const std::vector<std::int64_t> each(static_cast<std::size_t>(ep_.size()),
+                                         in.numel() / ep_.size());
+    comm_request moved = ep_.all_to_all_v_async(in, each, out, each);
+    await_collective(moved);
   }
 
   Comm& ep_;

@@ -18,9 +18,14 @@
 // ahead never deadlocks.
 //
 // Contexts are held per (stage, micro-batch) from F until B (or W) finishes; the most held at
-// once is measured (run_stats). Overlapped pairs (DualPipeV's F&B) run their two halves one after
-// the other (forward first: neither half needs the other), so nothing of the pair's overlap is
-// gained yet. BPipe's context moves carry nn::packed_context buffers:
+// once is measured (run_stats). An overlapped pair (DualPipeV's F&B) starts once the inputs of
+// both halves are here and runs them as an overlapped_pair (comm/overlapped_pair.hpp): the forward
+// first, and wherever one half waits for a collective inside its stage (under ep, the experts'
+// all-to-alls) the other computes meanwhile. Neither half reads what the other writes (different
+// stages — halves of one stage run in sequence — and never one micro-batch's F with its own B),
+// so the results are those of the halves run one after the other, which is what
+// overlap_pairs(false) and stages without such collectives do.
+// BPipe's context moves carry nn::packed_context buffers:
 //   EVICT   the owner packs the context, keeps its manifest, sends its size (the buffer's words
 //           and the context's bytes) and the buffer, frees it
 //   ACCEPT  the partner receives the size (blocking: the buffer's is known only then), then posts
@@ -38,6 +43,7 @@
 #include <quintet/comm/all_reduce_from_host.hpp>
 #include <quintet/comm/comm_request.hpp>
 #include <quintet/comm/communicator.hpp>
+#include <quintet/comm/overlapped_pair.hpp>
 #include <quintet/core/error.hpp>
 #include <quintet/core/shape.hpp>
 #include <quintet/nn/context.hpp>
@@ -58,6 +64,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -83,6 +90,7 @@ struct run_stats {
   std::size_t peak_context_bytes = 0;  // most bytes those contexts held at once
   int batches_posted = 0;              // exchange_async calls (a run of transfers, cut at receives)
   int contexts_moved = 0;              // contexts this rank sent away (EVICT, RETURN)
+  int hand_overs = 0;  // times an overlapped pair's halves took turns at their collectives
   // When each action of the rank's list started and ended, in seconds since the run began
   // (index: the action's place in the list): a compute from when its inputs were here to its end;
   // a transfer from its post to when the rank saw its exchange complete (looked at after every
@@ -177,15 +185,22 @@ class runtime {
         post(list, i, end, slots, accepted, batches, link);
         i = end;
       } else {
-        // The clock starts once what the action (a pair: its first half) received is here:
-        // waiting for a peer is idle time, not the action's cost (the simulator adds the wait).
-        await_inputs(*halves(list[i]).begin(), slots, batches);
-        // A pair's forward takes its context before its backward frees the other: measured
-        // between the halves, as the verifier counts it.
+        // The clock starts once what the action (a pair: both halves) received is here: waiting
+        // for a peer is idle time, not the action's cost (the simulator adds the wait).
+        for (const action& half : halves(list[i])) await_inputs(half, slots, batches);
         stats_.starts[i] = since();
-        for (const action& half : halves(list[i])) {
-          compute(half, i, slots, batches, results, link);
-          measure(slots, accepted);
+        // Halves of one stage (a hand-written list may pair them) share its layers, whose
+        // per-call state (the router's statistics) the other half would overwrite meanwhile.
+        if (list[i].kind == action_kind::overlap_f_b && overlap_pairs() &&
+            forward_half(list[i]).stage != backward_half(list[i]).stage) {
+          run_overlapped(list[i], i, slots, accepted, batches, results, link);
+        } else {
+          // A pair's forward takes its context before its backward frees the other: measured
+          // between the halves, as the verifier counts it.
+          for (const action& half : halves(list[i])) {
+            compute(half, i, slots, batches, results, link);
+            measure(slots, accepted);
+          }
         }
         stats_.ends[i] = since();
         ++i;
@@ -205,6 +220,10 @@ class runtime {
     }
     return out;
   }
+
+  // Whether overlapped pairs overlap their halves (default), or run them one after the other.
+  bool overlap_pairs() const { return overlap_pairs_; }
+  void overlap_pairs(bool on) { overlap_pairs_ = on; }
 
   const schedule& plan() const { return schedule_; }
   // The global virtual stages this rank holds, in increasing order.
@@ -541,6 +560,23 @@ class runtime {
     forget_if_empty(slots, {a.stage, a.micro_batch});
   }
 
+  // An overlapped pair's halves as an overlapped_pair. The backward's context, whole since its
+  // forward, is freed at the pair's end: the peak is counted as between the halves, with the
+  // forward's context complete and the backward's still held.
+  void run_overlapped(const action& pair, std::size_t index, std::map<key, slot>& slots,
+                      const std::map<key, parked>& accepted, std::deque<batch>& batches,
+                      std::vector<std::optional<output_type>>& results, const links& link) {
+    const action backward = backward_half(pair);
+    const auto held = slots.find({backward.stage, backward.micro_batch});
+    const bool whole = held != slots.end() && held->second.ctx.has_value();
+    const std::size_t backward_bytes = whole ? held->second.ctx->bytes() : 0;
+    if (!pair_) pair_ = std::make_unique<overlapped_pair>();
+    pair_->run([&] { compute(forward_half(pair), index, slots, batches, results, link); },
+               [&] { compute(backward, index, slots, batches, results, link); });
+    stats_.hand_overs += pair_->hand_overs();
+    measure(slots, accepted, whole ? 1 : 0, backward_bytes);
+  }
+
   static void forget_if_empty(std::map<key, slot>& slots, key at) {
     const auto found = slots.find(at);
     if (found == slots.end()) return;
@@ -555,9 +591,11 @@ class runtime {
   // and accepted ones from ACCEPT to RETURN. Bytes are the contexts' tensors' (context::bytes())
   // wherever a context is, as the simulator prices them; a packed buffer's alignment padding (at
   // most 63 bytes per tensor) is not counted.
-  void measure(const std::map<key, slot>& slots, const std::map<key, parked>& accepted) {
-    int contexts = 0;
-    std::size_t bytes = 0;
+  // `freed`, `freed_bytes`: the context an overlapped pair has just freed, counted as still held.
+  void measure(const std::map<key, slot>& slots, const std::map<key, parked>& accepted,
+               int freed = 0, std::size_t freed_bytes = 0) {
+    int contexts = freed;
+    std::size_t bytes = freed_bytes;
     for (const auto& [at, s] : slots) {
       if (s.ctx) {
         ++contexts;
@@ -622,6 +660,8 @@ class runtime {
   std::vector<int> local_;  // (stages) global stage -> index into stages_, -1 if elsewhere
   run_stats stats_;
   std::chrono::steady_clock::time_point began_;  // of the last run, after its barrier
+  bool overlap_pairs_ = true;
+  std::unique_ptr<overlapped_pair> pair_;  // made by the first overlapped pair
 };
 
 }  // namespace quintet::parallel::pipeline
