@@ -101,10 +101,12 @@ if ((skip_bench == 0)); then
   fi
 fi
 # On the host cores, not the GPU: BPipe and its base at p = 6 (bench_pipeline_runtime's p6 rows,
-# 6 thread ranks, ~5 s), each step against the simulator's prediction. The development VM's 2
-# cores cannot run 6 ranks at once; this machine is the many-core one a session gets.
+# 6 thread ranks, ~5 s), each step against the simulator's prediction; and DualPipeV's pairs with
+# experts over ep, overlapped against in sequence (the dualpipe_v_moe rows, 4 thread ranks, ~15 s),
+# where the ranks' progress threads have cores of their own. The development VM's 2 cores cannot
+# run 6 ranks at once; this machine is the many-core one a session gets.
 if ((skip_bench == 0)) && [[ -x "$pipeline_bench" ]] && (($(nproc) >= 8)); then
-  timeout 120 "$pipeline_bench" --benchmark_filter=p6 \
+  timeout 150 "$pipeline_bench" --benchmark_filter='p6|dualpipe_v_moe' \
     --benchmark_out="$out/bench_pipeline_runtime.json" --benchmark_out_format=json \
     > "$out/bench_pipeline_runtime.log" 2>&1 || status=1
   grep -E "^pipeline" "$out/bench_pipeline_runtime.log" | cut -c1-200

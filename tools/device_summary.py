@@ -2,7 +2,8 @@
 """The JSON summary of tools/device_check.sh: the GPU tests' results, the benchmarks' figures
 against issue 14's targets, the training run's tokens/s and MFU where it ran, the 124M step's
 kernel families (tools/ncu_summary.py) where Nsight Compute profiled it, the samples generated
-on the GPU, and BPipe against 1F1B at p = 6 on the host cores (bench_pipeline_runtime's p6 rows)
+on the GPU, and BPipe against 1F1B at p = 6 on the host cores (bench_pipeline_runtime's p6 rows),
+DualPipeV's overlapped pairs against pairs in sequence there (its dualpipe_v_moe rows)
 where they ran."""
 import argparse
 import json
@@ -92,21 +93,32 @@ def read_samples(out, name):
             for s in samples]
 
 
-def read_pipeline(out):
-    """Each p6 row: the measured step, the simulator's, their ratio and both idle shares."""
+def read_pipeline(out, pairs):
+    """The p6 rows (pairs False): the measured step, the simulator's, their ratio and both idle
+    shares. The dualpipe_v_moe rows (pairs True): the step overlapped and in sequence, their ratio,
+    the mean pair both ways and the hand-overs per step."""
     path = os.path.join(out, "bench_pipeline_runtime.json")
     if not os.path.exists(path):
         return "not run"
     rows = []
     for b in json.load(open(path))["benchmarks"]:
+        if ("dualpipe_v_moe" in b["name"]) != pairs:
+            continue
         if "error_message" in b:
             rows.append({"name": b["name"], "error": b["error_message"]})
-            continue
-        rows.append({"name": b["name"], "step_ms": round(b["real_time"], 2),
-                     "simulated_ms": round(b["simulated_ms"], 2),
-                     "measured_over_simulated": round(b["measured_over_simulated"], 3),
-                     "bubble_measured": round(b["bubble_measured"], 3),
-                     "bubble_simulated": round(b["bubble_simulated"], 3)})
+        elif pairs:
+            rows.append({"name": b["name"], "step_ms": round(b["real_time"], 2),
+                         "sequential_ms": round(b["sequential_ms"], 2),
+                         "overlapped_over_sequential": round(b["overlapped_over_sequential"], 3),
+                         "pair_ms_overlapped": round(b["pair_ms_overlapped"], 3),
+                         "pair_ms_sequential": round(b["pair_ms_sequential"], 3),
+                         "hand_overs_per_step": b["hand_overs_per_step"]})
+        else:
+            rows.append({"name": b["name"], "step_ms": round(b["real_time"], 2),
+                         "simulated_ms": round(b["simulated_ms"], 2),
+                         "measured_over_simulated": round(b["measured_over_simulated"], 3),
+                         "bubble_measured": round(b["bubble_measured"], 3),
+                         "bubble_simulated": round(b["bubble_simulated"], 3)})
     return rows
 
 
@@ -133,7 +145,8 @@ def main():
                                                   TARGETS["gpt2_124m_mfu"])
     profile = os.path.join(args.out, "profile.json")
     result["step_profile"] = json.load(open(profile)) if os.path.exists(profile) else "not run"
-    result["pipeline_p6_host"] = read_pipeline(args.out)
+    result["pipeline_p6_host"] = read_pipeline(args.out, False)
+    result["pipeline_pairs_host"] = read_pipeline(args.out, True)
     json.dump(result, sys.stdout, indent=1)
     print()
 
