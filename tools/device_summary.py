@@ -100,8 +100,12 @@ def read_pipeline(out, pairs):
     path = os.path.join(out, "bench_pipeline_runtime.json")
     if not os.path.exists(path):
         return "not run"
+    try:
+        benchmarks = json.load(open(path))["benchmarks"]
+    except (ValueError, KeyError):
+        return "unreadable (the benchmark stopped mid-run?)"
     rows = []
-    for b in json.load(open(path))["benchmarks"]:
+    for b in benchmarks:
         if ("dualpipe_v_moe" in b["name"]) != pairs:
             continue
         if "error_message" in b:

@@ -160,8 +160,10 @@ TEST_CASE("overlapped_pair: outside a pair await_collective only waits", "[comm]
   CHECK_FALSE(inside);
 }
 
-TEST_CASE("overlapped_pair: the halves' exceptions reach run(), the first half's first",
-          "[comm][overlap]") {
+TEST_CASE(
+    "overlapped_pair: the first failure reaches run(), the other half stops at its "
+    "collective",
+    "[comm][overlap]") {
   std::vector<std::string> log;
   REQUIRE_NOTHROW(thread_world{.size = 1, .timeout = 10s}.run([&](thread_comm& comm) {
     overlapped_pair pair;
@@ -174,36 +176,60 @@ TEST_CASE("overlapped_pair: the halves' exceptions reach run(), the first half's
       }
       return "nothing thrown";
     };
+    // An exchange at an overlap point that logs the exception it meets there.
+    const auto logged_exchange = [&](int tag) {
+      try {
+        exchange_at_overlap_point(comm, tag);
+      } catch (const std::exception& e) {
+        log.push_back(e.what());
+        throw;
+      }
+    };
     // first throws before handing over: second does not run, as after a throw in sequence.
     log.push_back(message_of([] { throw std::runtime_error("first failed"); },
                              [&] { log.push_back("second ran"); }));
-    // first throws after handing over: second, suspended mid-collective, runs to its end.
+    // first throws after handing over: second, waiting at its collective, stops there.
     log.push_back(message_of(
         [&] {
           exchange_at_overlap_point(comm, 1);
           throw std::runtime_error("first failed late");
         },
         [&] {
-          exchange_at_overlap_point(comm, 2);
-          log.push_back("second ended");
+          logged_exchange(2);
+          log.push_back("second went on");
         }));
-    log.push_back(message_of([&] { exchange_at_overlap_point(comm, 1); },
-                             [] { throw std::runtime_error("second failed"); }));
-    // Both throw: first's wins.
+    // second throws while first waits at its collective: first stops there.
+    log.push_back(message_of(
+        [&] {
+          logged_exchange(1);
+          log.push_back("first went on");
+        },
+        [] { throw std::runtime_error("second failed"); }));
+    // Both would throw: the failure that came first (first's) is the one run() gives.
     log.push_back(message_of(
         [&] {
           exchange_at_overlap_point(comm, 1);
           throw std::runtime_error("first of two");
         },
-        [] { throw std::runtime_error("second of two"); }));
+        [&] {
+          exchange_at_overlap_point(comm, 2);
+          throw std::runtime_error("second of two");
+        }));
+    // The pair works again after failures.
+    log.push_back(message_of([&] { exchange_at_overlap_point(comm, 1); },
+                             [&] { exchange_at_overlap_point(comm, 2); }));
     // A half may not run a pair of its own.
     log.push_back(message_of([&] { pair.run([] {}, [] {}); }, [] {}));
   }));
-  REQUIRE(log.size() == 6);
+  const std::string stopped =
+      "overlapped_pair: the other half of the pair failed; this one stops at its collective";
+  REQUIRE(log.size() == 8);
   CHECK(log[0] == "first failed");
-  CHECK(log[1] == "second ended");
+  CHECK_THAT(log[1], Catch::Contains(stopped));
   CHECK(log[2] == "first failed late");
-  CHECK(log[3] == "second failed");
-  CHECK(log[4] == "first of two");
-  CHECK_THAT(log[5], Catch::Contains("run from inside a half of a pair"));
+  CHECK_THAT(log[3], Catch::Contains(stopped));
+  CHECK(log[4] == "second failed");
+  CHECK(log[5] == "first of two");
+  CHECK(log[6] == "nothing thrown");
+  CHECK_THAT(log[7], Catch::Contains("run from inside a half of a pair"));
 }

@@ -206,7 +206,7 @@ TEST_CASE(
             turns[static_cast<std::size_t>(comm.rank())] +=
                 run.pipeline().runtime().stats().hand_overs;
           }
-          const auto whole = run.whole_parameters();
+          const auto whole = run.whole_parameters();  // ZeRO-3: the shards gathered while it lives
           for (const auto& p : run.parameters())
             mine.insert(mine.end(), p.value.data(), p.value.data() + p.value.numel());
         });

@@ -10,7 +10,11 @@
 // waits for a collective or ends, then waits for the request; anywhere else it is request.wait().
 // first runs first; second starts only when first first hands over, so a pair without overlap
 // points runs exactly as first(), then second() (second not at all if first threw). When one half
-// ends, the other runs to its end without handing over.
+// ends, the other runs to its end without handing over — unless the first ended by throwing: the
+// other, which can only be waiting at an overlap point, then throws there ("the other half ...
+// failed") instead of going on, so it issues no collective the rank's peers would not match (its
+// request in flight was issued in their order, and completes in its destructor), and run()
+// rethrows the failure that came first.
 //
 // The turns follow from the code alone (the same halves make the same collectives in the same
 // order), so every rank of a group issues its collectives in one order, as the communicator
@@ -93,34 +97,34 @@ class overlapped_pair {
 #endif
   }
 
-  // Runs first and second as described above; returns once both have ended. Not reentrant: a
-  // half may not run a pair itself.
+  // Runs first and second as described above; returns once both have ended, or rethrows the
+  // first failure of either. Not reentrant: a half may not run a pair itself.
   void run(const std::function<void()>& first, const std::function<void()>& second) {
     QUINTET_CHECK(detail::running_half.pair == nullptr,
                   "overlapped_pair: run from inside a half of a pair");
     second_ = &second;
     second_started_ = ended_[0] = ended_[1] = false;
     errors_[0] = errors_[1] = nullptr;
+    failed_ = -1;
     hand_overs_ = 0;
     detail::running_half = {this, 0};
     try {
       first();
     } catch (...) {
-      errors_[0] = std::current_exception();
+      fail(0);
     }
     ended_[0] = true;
     if (second_started_ && !ended_[1]) switch_to(0, 1);  // second runs to its end, then back here
     detail::running_half = {};
-    if (!second_started_ && !errors_[0]) {  // first never handed over: second runs here, after it
+    if (!second_started_ && failed_ < 0) {  // first never handed over: second runs here, after it
       try {
         second();
       } catch (...) {
-        errors_[1] = std::current_exception();
+        fail(1);
       }
     }
     second_ = nullptr;
-    if (errors_[0]) std::rethrow_exception(errors_[0]);
-    if (errors_[1]) std::rethrow_exception(errors_[1]);
+    if (failed_ >= 0) std::rethrow_exception(errors_[failed_]);
   }
 
   // How often the last run handed the rank from one half to the other.
@@ -136,13 +140,23 @@ class overlapped_pair {
   // back or ends.
   void hand_over(int side) {
     const int other = 1 - side;
-    if (ended_[other]) return;
-    if (other == 1 && !second_started_) {  // first's first overlap point: second starts
-      if (stack_ == nullptr) make_fiber();
-      second_started_ = true;
+    if (!ended_[other]) {
+      if (other == 1 && !second_started_) {  // first's first overlap point: second starts
+        if (stack_ == nullptr) make_fiber();
+        second_started_ = true;
+      }
+      ++hand_overs_;
+      switch_to(side, other);
     }
-    ++hand_overs_;
-    switch_to(side, other);
+    QUINTET_CHECK(failed_ < 0 || failed_ == side,
+                  "overlapped_pair: the other half of the pair failed; this one stops at its "
+                  "collective");
+  }
+
+  // The running half `side` threw: keeps its exception; the first failure is the one run() gives.
+  void fail(int side) {
+    errors_[side] = std::current_exception();
+    if (failed_ < 0) failed_ = side;
   }
 
   // The fiber that runs second halves, entering fiber_main() on its own stack when first switched
@@ -182,7 +196,7 @@ class overlapped_pair {
       try {
         (*pair->second_)();
       } catch (...) {
-        pair->errors_[1] = std::current_exception();
+        pair->fail(1);
       }
       pair->ended_[1] = true;
       pair->switch_to(1, 0);
@@ -224,6 +238,7 @@ class overlapped_pair {
   bool second_started_ = false;  // in this run (first starts with it)
   bool ended_[2] = {false, false};
   std::exception_ptr errors_[2];
+  int failed_ = -1;  // the half that threw first, if any
   int hand_overs_ = 0;
   ucontext_t contexts_[2]{};
   std::byte* stack_ = nullptr;  // the fiber's, with its guard page first (made once, kept)

@@ -568,13 +568,18 @@ class runtime {
                       std::vector<std::optional<output_type>>& results, const links& link) {
     const action backward = backward_half(pair);
     const auto held = slots.find({backward.stage, backward.micro_batch});
-    const bool whole = held != slots.end() && held->second.ctx.has_value();
-    const std::size_t backward_bytes = whole ? held->second.ctx->bytes() : 0;
+    int contexts = 0;
+    std::size_t backward_bytes = 0;
+    if (held != slots.end() && (held->second.ctx || held->second.reloading)) {
+      contexts = 1;
+      backward_bytes =
+          held->second.ctx ? held->second.ctx->bytes() : held->second.reloading->bytes();
+    }
     if (!pair_) pair_ = std::make_unique<overlapped_pair>();
     pair_->run([&] { compute(forward_half(pair), index, slots, batches, results, link); },
                [&] { compute(backward, index, slots, batches, results, link); });
     stats_.hand_overs += pair_->hand_overs();
-    measure(slots, accepted, whole ? 1 : 0, backward_bytes);
+    measure(slots, accepted, contexts, backward_bytes);
   }
 
   static void forget_if_empty(std::map<key, slot>& slots, key at) {
